@@ -1,0 +1,249 @@
+"""The gateway: process 0 of a job. Fans the job out to the peers, merges every
+host's events into one stream, and enforces fail-fast.
+
+The first host to fail is the root cause: the gateway stops every other host at
+once (SIGTERM, then SIGKILL to its process group) rather than waiting for JAX's
+heartbeat timeout, then reports every host's final state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._serialization import CHUNK_SIZE
+
+from . import _worker
+from ._peers import RemoteHost
+from ._runner import WorkerRun
+
+log = logging.getLogger(__name__)
+
+_SETTLE_SECONDS = 4.0        # wait this long for every host's final report
+_CLIENT_GONE = object()
+_TIMED_OUT = object()
+
+# Messages a surviving host prints when a *peer* failed first: consequences,
+# never the root cause while a host failed on its own.
+_SECONDARY = re.compile(
+    r"connection closed by peer|connection reset|gloo|coordination service|"
+    r"heartbeat|barrier|unavailable|deadline.?exceeded|socket closed|broken pipe",
+    re.IGNORECASE)
+
+
+def free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _is_secondary(report: pb.HostReport) -> bool:
+    if report.state == pb.HOST_STATE_FAILED:
+        return bool(_SECONDARY.search(report.exception.message)
+                    or _SECONDARY.search(report.exception.type_name))
+    if report.state == pb.HOST_STATE_DIED:
+        return report.signal == "SIGABRT"   # JAX aborts when its peers vanish
+    return False
+
+
+def root_cause(reports: Sequence[pb.HostReport]) -> int:
+    failed = [r for r in reports if r.state in (
+        pb.HOST_STATE_FAILED, pb.HOST_STATE_DIED, pb.HOST_STATE_LOST)]
+    if not failed:
+        return -1
+    failed.sort(key=lambda r: (_is_secondary(r), r.finished_at or float("inf"), r.host))
+    return failed[0].host
+
+
+class GatewayJob:
+    """One job, seen from its gateway."""
+
+    def __init__(self, *, spec: pb.JobSpec, hosts: Sequence[str], job_dir: str,
+                 payload_path: str, advertise: str, env_for) -> None:
+        self.spec = spec
+        self.n = len(hosts)
+        self.events: queue.Queue = queue.Queue()
+        self.coordinator = f"{_bracket(advertise)}:{free_port(advertise)}"
+        self.job_dir = job_dir
+        self.local = WorkerRun(
+            host=0, job_dir=job_dir, env=env_for(0, self.coordinator), emit=self.events.put,
+            forward_output=spec.stream in (pb.STREAM_MODE_LEADER, pb.STREAM_MODE_ALL))
+        self.remotes = []
+        for i, address in enumerate(hosts[1:], start=1):
+            peer_spec = pb.JobSpec()
+            peer_spec.CopyFrom(spec)
+            peer_spec.role = pb.ROLE_PEER
+            peer_spec.process_id = i
+            peer_spec.coordinator_address = self.coordinator
+            del peer_spec.hosts[:]
+            self.remotes.append(RemoteHost(host=i, address=address, spec=peer_spec,
+                                           payload_path=payload_path, emit=self.events.put))
+        self.handles = [self.local, *self.remotes]
+        self.reports = [pb.HostReport(host=i, state=pb.HOST_STATE_PENDING)
+                        for i in range(self.n)]
+        self.done: set[int] = set()
+        self.exited: set[int] = set()
+
+    # ------------------------------------------------------------------ run
+
+    def run(self, client_gone: threading.Event) -> Iterator[pb.Event]:
+        # Process 0 hosts the JAX coordinator: start it first.
+        self.local.start()
+        for remote in self.remotes:
+            remote.start()
+        deadline = (time.monotonic() + self.spec.timeout_seconds
+                    if self.spec.timeout_seconds > 0 else None)
+        timer = None
+        if deadline is not None:
+            timer = threading.Timer(self.spec.timeout_seconds, self.events.put, (_TIMED_OUT,))
+            timer.daemon = True
+            timer.start()
+        try:
+            yield from self._main_loop(client_gone)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            for h in self.handles:
+                h.close()
+
+    def _main_loop(self, client_gone: threading.Event) -> Iterator[pb.Event]:
+        while True:
+            item = self.events.get()
+            if item is _CLIENT_GONE or client_gone.is_set():
+                self._stop_all()
+                for _ in self._settle(forward=False):
+                    pass
+                return
+            if item is _TIMED_OUT:
+                yield from self._fail(pb.JOB_STATE_TIMED_OUT,
+                                      f"timed out after {self.spec.timeout_seconds:g} s")
+                return
+            yield from self._forward(item)
+            event: pb.Event = item
+            if event.HasField("done"):
+                self.reports[event.host] = event.done
+                if event.done.state == pb.HOST_STATE_SUCCEEDED:
+                    self.done.add(event.host)
+                    if len(self.done) == self.n:
+                        yield from self._succeed()
+                        return
+                else:
+                    yield from self._fail(pb.JOB_STATE_FAILED)
+                    return
+            elif event.HasField("exited"):
+                self._record_exit(event)
+                if event.exited.state != pb.HOST_STATE_SUCCEEDED:
+                    yield from self._fail(pb.JOB_STATE_FAILED)
+                    return
+
+    def _forward(self, item: object) -> Iterator[pb.Event]:
+        if not isinstance(item, pb.Event):
+            return
+        if item.HasField("output"):
+            mode = self.spec.stream
+            if mode == pb.STREAM_MODE_ALL or (mode == pb.STREAM_MODE_LEADER and item.host == 0):
+                yield item
+        elif item.HasField("started"):
+            yield item
+
+    def _record_exit(self, event: pb.Event) -> None:
+        report = event.exited
+        previous = self.reports[event.host]
+        if previous.state in (pb.HOST_STATE_SUCCEEDED, pb.HOST_STATE_FAILED) and \
+                report.state == pb.HOST_STATE_LOST:
+            # Its function had finished; only the goodbye went missing.
+            previous.detail += f"; then {report.detail}"
+            report = previous
+        self.reports[event.host] = report
+        self.exited.add(event.host)
+
+    def _settle(self, forward: bool, seconds: float = _SETTLE_SECONDS) -> Iterator[pb.Event]:
+        """Take events until every host has exited or ``seconds`` have passed."""
+        deadline = time.monotonic() + seconds
+        while len(self.exited) < self.n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                item = self.events.get(timeout=left)
+            except queue.Empty:
+                break
+            if not isinstance(item, pb.Event):
+                continue
+            if forward:
+                yield from self._forward(item)
+            if item.HasField("done"):
+                if self.reports[item.host].state in (pb.HOST_STATE_PENDING,
+                                                      pb.HOST_STATE_RUNNING):
+                    self.reports[item.host] = item.done
+            elif item.HasField("exited"):
+                self._record_exit(item)
+        for h in self.handles:
+            if h.host not in self.exited and isinstance(h, RemoteHost):
+                h.abandon(f"agent at {h.address} did not confirm the worker stopped "
+                          f"within {seconds:g} s")
+                self._record_exit(pb.Event(host=h.host, exited=pb.HostReport(
+                    host=h.host, state=pb.HOST_STATE_LOST,
+                    detail=f"agent at {h.address} did not answer")))
+
+    def _stop_all(self) -> None:
+        for h in self.handles:
+            if h.host not in self.exited:
+                threading.Thread(target=h.cancel, daemon=True).start()
+
+    def _succeed(self) -> Iterator[pb.Event]:
+        # Peers go first; process 0 keeps JAX's coordination service up until last.
+        for remote in self.remotes:
+            remote.release()
+        yield from self._settle_hosts(self.remotes)
+        self.local.release()
+        yield from self._settle_hosts([self.local])
+        lost = [r for r in self.reports if r.state != pb.HOST_STATE_SUCCEEDED]
+        if lost:
+            yield from self._fail(pb.JOB_STATE_FAILED)
+            return
+        with open(os.path.join(self.job_dir, _worker.RESULT_FILE), "rb") as f:
+            while chunk := f.read(CHUNK_SIZE):
+                yield pb.Event(host=0, result_chunk=chunk)
+        yield pb.Event(host=0, end=pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
+                                             hosts=self.reports))
+
+    def _settle_hosts(self, handles: Sequence) -> Iterator[pb.Event]:
+        wanted = {h.host for h in handles}
+        deadline = time.monotonic() + _SETTLE_SECONDS
+        while not wanted <= self.exited and time.monotonic() < deadline:
+            try:
+                item = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if isinstance(item, pb.Event):
+                yield from self._forward(item)
+                if item.HasField("exited"):
+                    self._record_exit(item)
+        for h in handles:
+            if h.host not in self.exited:
+                h.cancel()
+                if isinstance(h, RemoteHost):
+                    h.abandon(f"agent at {h.address} did not confirm the worker exited")
+                else:
+                    h.finished.wait(5)
+        yield from self._settle(forward=True, seconds=1.0)
+
+    def _fail(self, state: int, detail: str = "") -> Iterator[pb.Event]:
+        self._stop_all()
+        yield from self._settle(forward=True)
+        cause = root_cause(self.reports) if state == pb.JOB_STATE_FAILED else -1
+        yield pb.Event(host=0, end=pb.JobEnd(state=state, root_cause_host=cause,
+                                             hosts=self.reports, detail=detail))
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

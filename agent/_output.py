@@ -1,0 +1,111 @@
+"""Worker output as the user should see it: start-up noise removed, the tail kept."""
+
+from __future__ import annotations
+
+import collections
+import re
+
+# JAX's CPU collectives (Gloo) print "[Gloo] Rank N is connected to M peer ranks.
+# Expected number of connected peer ranks is : M" on stdout by themselves, from
+# one thread per local device at once, so the pieces of several such messages
+# arrive interleaved and spread over lines. A line made only of these pieces
+# (and numbers) is noise. Each message starts with one "[Gloo] Rank" piece and has one
+# newline: counting them tells how many bare-number or empty lines are noise too.
+_PIECES = (b"[Gloo] Rank", b"is connected to", b"peer ranks.",
+           b"Expected number of connected peer ranks is :")
+_PIECE = re.compile(b"|".join(re.escape(p) for p in _PIECES))
+_TOKEN = re.compile(_PIECE.pattern + rb"|\d+|\s+")
+_START = _PIECES[0]
+
+
+def _residue(data: bytes) -> bytes:
+    """What is left of ``data`` from the first byte that is no noise token."""
+    pos = 0
+    while pos < len(data):
+        m = _TOKEN.match(data, pos)
+        if m is None:
+            return data[pos:]
+        pos = m.end()
+    return b""
+
+
+class NoiseFilter:
+    """Drop Gloo's connection messages from a byte stream, keeping partial
+    lines of the user's output live.
+
+    A fragment without its newline passes at once unless it could still be
+    noise; then it waits for the rest of its line (or :meth:`flush`).
+    """
+
+    def __init__(self) -> None:
+        self._held = b""
+        self._mid_line = False   # inside a line already shown: pass until newline
+        self._owed = 0           # newlines still owed by Gloo messages seen
+
+    def _is_noise(self, line: bytes) -> bool:
+        if _residue(line):
+            return False
+        if _PIECE.search(line):
+            self._owed += line.count(_START)
+        elif self._owed <= 0:
+            return False          # numbers or a blank line of the user's
+        self._owed -= 1
+        return True
+
+    def _could_be_noise(self, partial: bytes) -> bool:
+        rest = _residue(partial)
+        if rest:
+            return any(p.startswith(rest) for p in _PIECES)
+        return bool(_PIECE.search(partial)) or self._owed > 0
+
+    def feed(self, data: bytes) -> bytes:
+        out = []
+        data = self._held + data
+        self._held = b""
+        while data:
+            nl = data.find(b"\n")
+            if self._mid_line:
+                if nl < 0:
+                    out.append(data)
+                    break
+                out.append(data[:nl + 1])
+                data = data[nl + 1:]
+                self._mid_line = False
+                continue
+            if nl >= 0:
+                line, data = data[:nl + 1], data[nl + 1:]
+                if not self._is_noise(line):
+                    out.append(line)
+                continue
+            if self._could_be_noise(data):
+                self._held = data
+            else:
+                out.append(data)
+                self._mid_line = True
+            break
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        held, self._held = self._held, b""
+        if not held or not _residue(held) and (_PIECE.search(held) or self._owed > 0):
+            return b""
+        return held
+
+
+class Tail:
+    """The last ``n`` lines of a byte stream, for reports of dead hosts."""
+
+    def __init__(self, n: int = 20) -> None:
+        self._lines: collections.deque[bytes] = collections.deque(maxlen=n)
+        self._partial = b""
+        self._n = n
+
+    def feed(self, data: bytes) -> None:
+        parts = (self._partial + data).split(b"\n")
+        self._partial = parts.pop()[-4096:]
+        for p in parts:
+            self._lines.append(p[-4096:])
+
+    def lines(self) -> list[str]:
+        out = list(self._lines) + ([self._partial] if self._partial else [])
+        return [b.decode("utf-8", "replace") for b in out[-self._n:]]

@@ -1,0 +1,104 @@
+"""The gateway's view of one peer host: a ``Run`` call to that host's agent."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
+from remote_tpu._serialization import CHUNK_SIZE
+from remote_tpu._transport import channel_options
+
+log = logging.getLogger(__name__)
+
+
+class RemoteHost:
+    """Forwards the job to one peer agent and relays its events.
+
+    Same interface as :class:`~remote_tpu_agent._runner.WorkerRun`: ``start``,
+    ``release``, ``cancel``, ``close``; ``finished`` is set once its final
+    ``exited`` event has been emitted.
+    """
+
+    def __init__(self, *, host: int, address: str, spec: pb.JobSpec, payload_path: str,
+                 emit: Callable[[pb.Event], None]) -> None:
+        self.host = host
+        self.address = address
+        self._spec = spec
+        self._payload_path = payload_path
+        self._emit = emit
+        self._controls: queue.Queue[int] = queue.Queue()
+        self._closed = threading.Event()
+        self._call: grpc.Future | None = None
+        self._channel = grpc.insecure_channel(address, options=channel_options())
+        self._lock = threading.Lock()
+        self._exited_sent = False
+        self.finished = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._relay, daemon=True, name=f"peer{self.host}").start()
+
+    def release(self) -> None:
+        self._controls.put(pb.CONTROL_RELEASE)
+
+    def cancel(self) -> None:
+        self._controls.put(pb.CONTROL_CANCEL)
+
+    def abandon(self, detail: str) -> None:
+        """The peer did not confirm in time: drop the call, report it lost."""
+        self._send_exited(pb.HostReport(host=self.host, state=pb.HOST_STATE_LOST,
+                                        detail=detail, finished_at=time.time()))
+        self.close()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._call is not None:
+            self._call.cancel()
+        self._channel.close()
+
+    def _requests(self) -> Iterator[pb.RunRequest]:
+        yield pb.RunRequest(spec=self._spec)
+        with open(self._payload_path, "rb") as f:
+            while chunk := f.read(CHUNK_SIZE):
+                yield pb.RunRequest(payload_chunk=chunk)
+        while not self._closed.is_set():
+            try:
+                control = self._controls.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            yield pb.RunRequest(control=control)
+
+    def _relay(self) -> None:
+        stub = pb_grpc.AgentStub(self._channel)
+        try:
+            self._call = stub.Run(self._requests())
+            for event in self._call:
+                if event.HasField("exited"):
+                    self._send_exited(event.exited)
+                else:
+                    self._emit(event)
+        except grpc.RpcError as exc:
+            if not self._closed.is_set():
+                log.warning("peer %d at %s: %s", self.host, self.address, exc.details())
+            self._send_exited(pb.HostReport(
+                host=self.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
+                detail=f"agent at {self.address} failed: {exc.code().name}: {exc.details()}"))
+        finally:
+            self._closed.set()
+        self._send_exited(pb.HostReport(
+            host=self.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
+            detail=f"agent at {self.address} ended the call without a final report"))
+
+    def _send_exited(self, report: pb.HostReport) -> None:
+        with self._lock:
+            if self._exited_sent:
+                return
+            self._exited_sent = True
+        self._emit(pb.Event(host=self.host, exited=report))
+        self.finished.set()

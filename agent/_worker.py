@@ -1,0 +1,163 @@
+"""The worker: runs in a fresh child process of the agent, one per job and host.
+
+It initializes ``jax.distributed``, loads and calls the function, writes its
+outcome to the job directory and tells the agent, then waits until the agent
+releases it (every host has finished, so no peer can still need this process
+for a collective, and process 0 keeps JAX's coordination service up until the
+end). It leaves with ``os._exit`` and never waits in JAX's shutdown. If the
+agent goes away (its end of the control pipe closes) the worker kills its whole
+process group.
+
+The contract with the agent is the environment variables below plus two pipes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+ENV_JOB_DIR = "REMOTE_TPU_JOB_DIR"            # payload.bin in, outcome files out
+ENV_CONTROL_FD = "REMOTE_TPU_CONTROL_FD"      # agent -> worker: b"R" = release
+ENV_STATUS_FD = "REMOTE_TPU_STATUS_FD"        # worker -> agent: b"D" = outcome written
+ENV_SIMULATE_DEVICES = "REMOTE_TPU_SIMULATE_DEVICES"
+ENV_INIT_TIMEOUT = "REMOTE_TPU_JAX_INIT_TIMEOUT"
+ENV_HEARTBEAT_TIMEOUT = "REMOTE_TPU_JAX_HEARTBEAT_TIMEOUT"
+ENV_SHUTDOWN_TIMEOUT = "REMOTE_TPU_JAX_SHUTDOWN_TIMEOUT"
+
+PAYLOAD_FILE = "payload.bin"
+RESULT_FILE = "result.bin"
+OUTCOME_FILE = "outcome.json"
+STATUS_DONE = b"D"
+CONTROL_RELEASE = b"R"
+
+
+def _watch_control(fd: int, released: threading.Event) -> None:
+    while True:
+        try:
+            data = os.read(fd, 1)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if data == CONTROL_RELEASE:
+            released.set()
+            return
+        if not data:   # the agent is gone: nothing of this job may outlive it
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _initialize_jax(process_id: int, num_processes: int) -> None:
+    import jax
+
+    devices = int(os.environ.get(ENV_SIMULATE_DEVICES, "0") or 0)
+    if devices:
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", devices)
+    real_initialize = jax.distributed.initialize
+    real_initialize(
+        coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+        num_processes=num_processes,
+        process_id=process_id,
+        initialization_timeout=int(os.environ.get(ENV_INIT_TIMEOUT, "120")),
+        heartbeat_timeout_seconds=int(os.environ.get(ENV_HEARTBEAT_TIMEOUT, "20")),
+        shutdown_timeout_seconds=int(os.environ.get(ENV_SHUTDOWN_TIMEOUT, "5")),
+    )
+
+    def initialize(*args: object, **kwargs: object) -> None:
+        """Already initialized by remote_tpu for this slice: nothing to do."""
+
+    # Existing scripts call jax.distributed.initialize() themselves.
+    jax.distributed.initialize = initialize
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback from the user's code down, without this module's frames."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _write_json_atomic(path: str, obj: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+def _silence_output() -> None:
+    """Flush and close our ends of the output pipes, so the agent has read all
+    the user's output before it reads the outcome."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except Exception:  # noqa: BLE001
+        pass
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+
+
+def main() -> None:
+    from remote_tpu import _serialization
+
+    job_dir = os.environ[ENV_JOB_DIR]
+    control_fd = int(os.environ[ENV_CONTROL_FD])
+    status_fd = int(os.environ[ENV_STATUS_FD])
+    process_id = int(os.environ["JAX_PROCESS_ID"])
+    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
+    for fd in (control_fd, status_fd):    # not for the user's own subprocesses
+        os.set_inheritable(fd, False)
+
+    released = threading.Event()
+    threading.Thread(target=_watch_control, args=(control_fd, released), daemon=True,
+                     name="remote-tpu-control").start()
+
+    outcome: dict = {"state": "succeeded"}
+    phase = "initializing jax.distributed"
+    try:
+        _initialize_jax(process_id, num_processes)
+        phase = "loading the function and its arguments"
+        with open(os.path.join(job_dir, PAYLOAD_FILE), "rb") as f:
+            data = bytearray(os.fstat(f.fileno()).st_size)
+            f.readinto(data)
+        fn, args, kwargs = _serialization.loads(data, what="function and arguments")
+        del data
+        phase = "running the function"
+        value = fn(*args, **kwargs)
+        if process_id == 0:
+            phase = "pickling the return value"
+            payload = _serialization.dumps(value, what="the return value")
+            with open(os.path.join(job_dir, RESULT_FILE), "wb") as f:
+                for part in payload.parts:
+                    f.write(part)
+        del value
+    except BaseException as exc:  # noqa: BLE001 - everything is reported
+        info = _serialization.describe_exception(exc)
+        info["traceback"] = _user_traceback(exc)
+        outcome = {
+            "state": "failed",
+            "phase": phase,
+            "failed_at": time.time(),
+            "exception": {**info, "pickled": info["pickled"].hex()},
+        }
+    _write_json_atomic(os.path.join(job_dir, OUTCOME_FILE), outcome)
+    _silence_output()
+    os.write(status_fd, STATUS_DONE)
+    released.wait()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""remote_tpu: run one Python function on every host of a multi-host TPU slice.
+
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts="local")
+    def train():
+        ...                 # runs on every host under an initialized jax.distributed
+        return metrics      # only process 0's value comes back
+
+Importing remote_tpu does not import jax.
+"""
+
+from ._decorator import RemoteFunction, run
+from ._exceptions import (AgentUnavailableError, ConfigurationError, JobFailedError,
+                          JobTimeoutError, RemoteError, RemoteTPUError, RemoteTraceback,
+                          SerializationError, VersionMismatchError)
+from ._options import JaxTimeouts
+from ._topology import Topology
+from ._version import __version__
+
+__all__ = [
+    "AgentUnavailableError",
+    "ConfigurationError",
+    "JaxTimeouts",
+    "JobFailedError",
+    "JobTimeoutError",
+    "RemoteError",
+    "RemoteFunction",
+    "RemoteTPUError",
+    "RemoteTraceback",
+    "SerializationError",
+    "Topology",
+    "VersionMismatchError",
+    "__version__",
+    "run",
+]

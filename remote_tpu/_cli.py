@@ -1,0 +1,65 @@
+"""`remote-tpu`: the client's command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from ._exceptions import RemoteTPUError
+from ._version import local_versions
+
+
+def _version(args: argparse.Namespace) -> int:
+    out = {"client": local_versions()}
+    if args.hosts:
+        from ._options import normalize_address
+        from ._transport import health, open_channel
+
+        address = normalize_address(args.hosts.split(",")[0])
+        with open_channel(address) as channel:
+            reply = health(address, channel)
+        v = reply.versions
+        out["agent"] = {"address": address, "protocol": v.protocol,
+                        "remote_tpu": v.remote_tpu, "python": v.python,
+                        "cloudpickle": v.cloudpickle, "jax": v.jax}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def _local(args: argparse.Namespace) -> int:
+    from ._local_slice import get_local_slice, stop_local_slices
+    from ._topology import Topology
+
+    topology = Topology.parse(args.accelerator)
+    s = get_local_slice(topology)
+    print(f"local {topology.name}: {topology.hosts} agent(s) x {topology.devices_per_host} "
+          f"CPU device(s); logs in {s.log_dir}")
+    print(f"REMOTE_TPU_HOSTS={','.join(s.addresses)}", flush=True)
+    print("Ctrl-C stops the slice.", flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    except KeyboardInterrupt:
+        pass
+    stop_local_slices()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="remote-tpu", description="remote_tpu client tools")
+    sub = p.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("version", help="print client (and, with --hosts, agent) versions")
+    v.add_argument("--hosts", default="", help="an agent address to ask as well")
+    v.set_defaults(func=_version)
+    loc = sub.add_parser("local", help="start a local simulated slice and keep it up")
+    loc.add_argument("--accelerator", default="tpu-v4-16")
+    loc.set_defaults(func=_local)
+    args = p.parse_args(argv)
+    if args.command == "local":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        return args.func(args)
+    except RemoteTPUError as exc:
+        print(f"remote-tpu: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,107 @@
+"""One blocking call: payload up to the gateway, events back, outcome out."""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from ._exceptions import AgentUnavailableError
+from ._local_slice import get_local_slice
+from ._options import RunOptions
+from ._outcome import raise_for_end
+from ._proto import remote_tpu_pb2 as pb
+from ._proto import remote_tpu_pb2_grpc as pb_grpc
+from ._render import OutputRenderer
+from ._serialization import Payload, loads
+from ._transport import error_from_rpc, open_channel
+from ._version import local_versions
+
+_STREAM_MODES = {"leader": pb.STREAM_MODE_LEADER, "all": pb.STREAM_MODE_ALL,
+                 "none": pb.STREAM_MODE_NONE}
+_channels: dict[str, grpc.Channel] = {}
+_channels_lock = threading.Lock()
+
+
+def _channel(address: str) -> grpc.Channel:
+    with _channels_lock:
+        ch = _channels.get(address)
+        if ch is None:
+            ch = _channels[address] = open_channel(address)
+        return ch
+
+
+def new_job_id(name: str) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:40].strip("-.") or "job"
+    return f"{stem}-{uuid.uuid4().hex[:12]}"
+
+
+def _versions() -> pb.Versions:
+    v = local_versions()
+    return pb.Versions(protocol=int(v["protocol"]), remote_tpu=str(v["remote_tpu"]),
+                       python=str(v["python"]), cloudpickle=str(v["cloudpickle"]),
+                       jax=str(v["jax"]))
+
+
+def _requests(spec: pb.JobSpec, payload: Payload) -> Iterator[pb.RunRequest]:
+    yield pb.RunRequest(spec=spec)
+    for chunk in payload.chunks():
+        yield pb.RunRequest(payload_chunk=chunk)
+
+
+def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
+    topology = options.topology
+    if options.local:
+        hosts = get_local_slice(topology).addresses
+        spec_hosts = list(hosts)
+    else:
+        hosts = list(options.hosts)
+        spec_hosts = hosts if len(hosts) > 1 else []
+    gateway = hosts[0]
+    jt = options.jax_timeouts
+    spec = pb.JobSpec(
+        client_versions=_versions(), job_id=job_id, accelerator=topology.name,
+        num_hosts=topology.hosts, role=pb.ROLE_GATEWAY, hosts=spec_hosts,
+        stream=_STREAM_MODES[options.stream], env=dict(options.env),
+        timeout_seconds=options.timeout or 0.0,
+        jax_timeouts=pb.JaxTimeouts(initialization_seconds=jt.initialization,
+                                    heartbeat_seconds=jt.heartbeat,
+                                    shutdown_seconds=jt.shutdown),
+        payload_size=payload.nbytes, devices_per_host=topology.devices_per_host,
+    )
+    stub = pb_grpc.AgentStub(_channel(gateway))
+    renderer = OutputRenderer(options.stream)
+    chunks: list[bytes] = []
+    end: pb.JobEnd | None = None
+    stream = stub.Run(_requests(spec, payload))
+    try:
+        for event in stream:
+            kind = event.WhichOneof("kind")
+            if kind == "output":
+                renderer.write(event.host, event.output.stream, event.output.data)
+            elif kind == "result_chunk":
+                chunks.append(event.result_chunk)
+            elif kind == "end":
+                end = event.end
+    except grpc.RpcError as exc:
+        raise error_from_rpc(exc, gateway) from None
+    except BaseException:
+        stream.cancel()          # Ctrl-C: the gateway stops every host
+        raise
+    finally:
+        renderer.close()
+    if end is None:
+        raise AgentUnavailableError(f"the agent at {gateway} ended job {job_id} without a "
+                                    "final report; see its log")
+    raise_for_end(end, accelerator=topology.name, job_id=job_id)
+    data = bytearray(sum(len(c) for c in chunks))
+    pos = 0
+    for c in chunks:
+        data[pos:pos + len(c)] = c
+        pos += len(c)
+    chunks.clear()
+    return loads(data, what="return value")

@@ -1,0 +1,82 @@
+"""``@remote_tpu.run(...)``: the decorator and the function it returns."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from ._exceptions import ConfigurationError
+from ._options import JaxTimeouts, RunOptions, resolve
+from ._topology import Topology
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class RemoteFunction(Generic[P, R]):
+    """A function that runs on every host of a slice when called.
+
+    Calling it blocks until every host has finished and returns process 0's
+    value, or re-raises the root-cause host's exception. ``.local(...)`` calls
+    the plain function in this process.
+    """
+
+    def __init__(self, fn: Callable[P, R], options: RunOptions) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self.options = options
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        from ._client import call, new_job_id
+        from ._serialization import dumps_call
+
+        payload = dumps_call(self._fn, args, kwargs)   # fails here, before sending
+        return call(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
+
+    def local(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the undecorated function in this process."""
+        return self._fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        o = self.options
+        where = "local slice" if o.local else ", ".join(o.hosts)
+        return f"<remote_tpu function {self.__qualname__} on {o.topology.name} ({where})>"
+
+
+def run(fn: Callable[..., Any] | None = None, /, *,
+        accelerator: str | Topology | None = None,
+        hosts: str | Sequence[str] | None = None,
+        timeout: float | None = None,
+        stream: str | None = None,
+        env: Mapping[str, str] | None = None,
+        jax_timeouts: JaxTimeouts | None = None,
+        ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
+    """Run the decorated function on every host of a TPU slice.
+
+    accelerator: Cloud TPU accelerator type, e.g. ``"tpu-v5p-32"``
+        (``REMOTE_TPU_ACCELERATOR``).
+    hosts: ``"local"`` (a simulated slice on this machine), one agent address
+        ``"ip[:port]"`` (the gateway, which knows its peers), or a list of every
+        host's agent address, first = gateway (``REMOTE_TPU_HOSTS``, comma
+        separated; default ``"local"``).
+    timeout: seconds before the job is stopped on every host (``REMOTE_TPU_TIMEOUT``).
+    stream: ``"leader"`` (process 0's output, the default), ``"all"`` (every host,
+        prefixed ``[host i]``) or ``"none"`` (``REMOTE_TPU_STREAM``).
+    env: environment variables to set for the function on every host.
+    jax_timeouts: ``jax.distributed`` initialization/heartbeat/shutdown timeouts.
+    """
+    if fn is not None:
+        raise ConfigurationError(
+            "remote_tpu.run must be called with its options: write "
+            "@remote_tpu.run(accelerator='tpu-v4-16', hosts='local'), with parentheses, "
+            f"above {getattr(fn, '__qualname__', fn)!r}")
+    options = resolve(accelerator=accelerator, hosts=hosts, timeout=timeout, stream=stream,
+                      env=env, jax_timeouts=jax_timeouts)
+
+    def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
+        if not callable(f):
+            raise ConfigurationError(f"remote_tpu.run decorates a function, got {f!r}")
+        return RemoteFunction(f, options)
+
+    return decorate

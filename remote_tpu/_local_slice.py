@@ -1,0 +1,122 @@
+"""The local slice: one agent process per simulated host on 127.0.0.1.
+
+Agents are reused across calls in the same Python process and stopped at exit.
+Each agent watches its standard input, a pipe from this process: when this
+process dies, even by SIGKILL, the pipe closes and the agent shuts down, and
+each worker likewise dies with its agent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from ._exceptions import AgentUnavailableError
+from ._topology import Topology
+
+log = logging.getLogger(__name__)
+
+_READY_PREFIX = "remote-tpu-agent listening on "
+_START_TIMEOUT = 60.0
+
+
+class LocalSlice:
+    def __init__(self, hosts: int, devices_per_host: int) -> None:
+        self.hosts = hosts
+        self.devices_per_host = devices_per_host
+        self.log_dir = tempfile.mkdtemp(prefix="remote-tpu-local-")
+        self.procs: list[subprocess.Popen] = []
+        self.addresses: list[str] = []
+
+    def start(self) -> None:
+        for i in range(self.hosts):
+            log_file = open(os.path.join(self.log_dir, f"agent-{i}.log"), "ab")
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "remote_tpu_agent", "--host", "127.0.0.1",
+                 "--port", "0", "--worker-id", str(i),
+                 "--simulate-devices", str(self.devices_per_host),
+                 "--state-dir", os.path.join(self.log_dir, f"state-{i}"),
+                 "--exit-with-stdin", "--log-level", "WARNING"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
+                start_new_session=True,
+            ))
+            log_file.close()
+        deadline = time.monotonic() + _START_TIMEOUT
+        for i, proc in enumerate(self.procs):
+            self.addresses.append(self._await_ready(i, proc, deadline))
+
+    def _await_ready(self, i: int, proc: subprocess.Popen, deadline: float) -> str:
+        assert proc.stdout is not None
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(proc.stdout.readline().decode()),
+                                  daemon=True)
+        reader.start()
+        reader.join(max(0.0, deadline - time.monotonic()))
+        line = result[0] if result else ""
+        if not line.startswith(_READY_PREFIX):
+            self.stop()
+            log_path = os.path.join(self.log_dir, f"agent-{i}.log")
+            try:
+                with open(log_path, errors="replace") as f:
+                    tail = f.read()[-2000:]
+            except OSError:
+                tail = ""
+            raise AgentUnavailableError(
+                f"local agent {i} did not start within {_START_TIMEOUT:g} s "
+                f"(exit code {proc.poll()}); its log {log_path} ends with:\n{tail}")
+        return line[len(_READY_PREFIX):].strip()
+
+    def alive(self) -> bool:
+        return bool(self.procs) and all(p.poll() is None for p in self.procs)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            try:
+                if proc.stdin:
+                    proc.stdin.close()     # the agent shuts down on EOF
+            except OSError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
+        self.procs = []
+
+
+_slices: dict[tuple[int, int], LocalSlice] = {}
+_lock = threading.Lock()
+
+
+def get_local_slice(topology: Topology) -> LocalSlice:
+    """The running local slice for this shape, started on first use."""
+    key = (topology.hosts, topology.devices_per_host)
+    with _lock:
+        s = _slices.get(key)
+        if s is not None and not s.alive():
+            s.stop()
+            s = None
+        if s is None:
+            s = LocalSlice(*key)
+            s.start()
+            _slices[key] = s
+        return s
+
+
+def stop_local_slices() -> None:
+    with _lock:
+        for s in _slices.values():
+            s.stop()
+        _slices.clear()
+
+
+atexit.register(stop_local_slices)

@@ -1,0 +1,146 @@
+"""One frozen options object per decorated function.
+
+Precedence: explicit argument > ``REMOTE_TPU_*`` environment variable > default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping, Sequence
+
+from ._exceptions import ConfigurationError
+from ._topology import Topology
+
+DEFAULT_AGENT_PORT = 8475
+LOCAL = "local"
+STREAM_MODES = ("leader", "all", "none")
+_ADDRESS = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>\d+))?$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class JaxTimeouts:
+    initialization: int = 120
+    heartbeat: int = 20
+    shutdown: int = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    topology: Topology
+    hosts: tuple[str, ...]          # ("local",) or agent addresses, first = gateway
+    timeout: float | None
+    stream: str
+    env: tuple[tuple[str, str], ...]
+    jax_timeouts: JaxTimeouts
+
+    @property
+    def local(self) -> bool:
+        return self.hosts == (LOCAL,)
+
+
+def _from_env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else None
+
+
+def normalize_address(address: str) -> str:
+    """``"10.0.0.2"`` -> ``"10.0.0.2:8475"``; raises ConfigurationError when malformed."""
+    if not isinstance(address, str):
+        raise ConfigurationError(
+            f"a host address must be a string 'ip[:port]', got {type(address).__name__} "
+            f"{address!r}")
+    m = _ADDRESS.match(address.strip())
+    if not m:
+        raise ConfigurationError(
+            f"host address {address!r} is not of the form 'ip[:port]' (for example "
+            f"'10.0.0.2', '10.0.0.2:{DEFAULT_AGENT_PORT}' or '[::1]:{DEFAULT_AGENT_PORT}')")
+    port = int(m.group("port") or DEFAULT_AGENT_PORT)
+    if not 0 < port < 65536:
+        raise ConfigurationError(f"host address {address!r}: port {port} is not in 1-65535")
+    host = f"[{m.group('v6')}]" if m.group("v6") else m.group("host")
+    return f"{host}:{port}"
+
+
+def parse_hosts(hosts: str | Sequence[str] | None, topology: Topology) -> tuple[str, ...]:
+    source = "hosts="
+    if hosts is None:
+        hosts = _from_env("REMOTE_TPU_HOSTS") or LOCAL
+        source = "REMOTE_TPU_HOSTS"
+        if isinstance(hosts, str) and "," in hosts:
+            hosts = [h for h in hosts.split(",") if h.strip()]
+    if isinstance(hosts, str):
+        if hosts.strip().lower() == LOCAL:
+            return (LOCAL,)
+        return (normalize_address(hosts),)
+    if not isinstance(hosts, Sequence) or not hosts:
+        raise ConfigurationError(
+            f"{source} must be 'local', an address 'ip[:port]' or a non-empty list of "
+            f"addresses (first = gateway); got {hosts!r}")
+    addresses = tuple(normalize_address(h) for h in hosts)
+    if len(addresses) > 1 and len(addresses) != topology.hosts:
+        raise ConfigurationError(
+            f"{topology.name} has {topology.hosts} host(s), but {source} lists "
+            f"{len(addresses)}: {', '.join(addresses)}. List every host of the slice "
+            "(first = gateway), give only the gateway's address, or fix accelerator=.")
+    if len(set(addresses)) != len(addresses):
+        raise ConfigurationError(f"{source} lists an address twice: {', '.join(addresses)}")
+    return addresses
+
+
+def _positive(name: str, value: object, env: str) -> float | None:
+    if value is None:
+        raw = _from_env(env)
+        if raw is None:
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigurationError(f"{env}={raw!r} is not a number of seconds") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigurationError(f"{name} must be a positive number of seconds or None, "
+                                 f"got {value!r}")
+    return float(value)
+
+
+def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | None,
+            timeout: float | None, stream: str | None,
+            env: Mapping[str, str] | None, jax_timeouts: JaxTimeouts | None) -> RunOptions:
+    if accelerator is None:
+        accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
+        if accelerator is None:
+            raise ConfigurationError(
+                "remote_tpu.run needs accelerator=, for example accelerator='tpu-v4-16' "
+                "(or set REMOTE_TPU_ACCELERATOR)")
+    topology = Topology.parse(accelerator)
+    mode = stream if stream is not None else (_from_env("REMOTE_TPU_STREAM") or "leader")
+    if mode not in STREAM_MODES:
+        raise ConfigurationError(f"stream={mode!r} is not one of {', '.join(STREAM_MODES)}")
+    env_items: list[tuple[str, str]] = []
+    if env is not None:
+        if not isinstance(env, Mapping):
+            raise ConfigurationError(f"env= must be a mapping of names to strings, got "
+                                     f"{type(env).__name__}")
+        for k, v in env.items():
+            if not isinstance(k, str) or not _ENV_NAME.match(k):
+                raise ConfigurationError(f"env= name {k!r} is not a valid variable name")
+            if not isinstance(v, str):
+                raise ConfigurationError(f"env={{{k!r}: ...}} must be a string, got "
+                                         f"{type(v).__name__} {v!r}")
+            env_items.append((k, v))
+    jt = jax_timeouts or JaxTimeouts()
+    for f in dataclasses.fields(jt):
+        v = getattr(jt, f.name)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ConfigurationError(f"jax_timeouts.{f.name} must be a positive int of "
+                                     f"seconds, got {v!r}")
+    return RunOptions(
+        topology=topology,
+        hosts=parse_hosts(hosts, topology),
+        timeout=_positive("timeout", timeout, "REMOTE_TPU_TIMEOUT"),
+        stream=mode,
+        env=tuple(sorted(env_items)),
+        jax_timeouts=jt,
+    )

@@ -1,0 +1,1 @@
+"""Generated protobuf/gRPC modules; see protos/ and scripts/gen_protos.py."""

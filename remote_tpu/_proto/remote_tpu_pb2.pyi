@@ -1,0 +1,251 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    ROLE_GATEWAY: _ClassVar[Role]
+    ROLE_PEER: _ClassVar[Role]
+
+class StreamMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STREAM_MODE_UNSPECIFIED: _ClassVar[StreamMode]
+    STREAM_MODE_LEADER: _ClassVar[StreamMode]
+    STREAM_MODE_ALL: _ClassVar[StreamMode]
+    STREAM_MODE_NONE: _ClassVar[StreamMode]
+
+class Control(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTROL_UNSPECIFIED: _ClassVar[Control]
+    CONTROL_RELEASE: _ClassVar[Control]
+    CONTROL_CANCEL: _ClassVar[Control]
+
+class OutputStream(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTPUT_STREAM_UNSPECIFIED: _ClassVar[OutputStream]
+    OUTPUT_STREAM_STDOUT: _ClassVar[OutputStream]
+    OUTPUT_STREAM_STDERR: _ClassVar[OutputStream]
+
+class HostState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HOST_STATE_UNSPECIFIED: _ClassVar[HostState]
+    HOST_STATE_PENDING: _ClassVar[HostState]
+    HOST_STATE_RUNNING: _ClassVar[HostState]
+    HOST_STATE_SUCCEEDED: _ClassVar[HostState]
+    HOST_STATE_FAILED: _ClassVar[HostState]
+    HOST_STATE_DIED: _ClassVar[HostState]
+    HOST_STATE_CANCELLED: _ClassVar[HostState]
+    HOST_STATE_LOST: _ClassVar[HostState]
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_SUCCEEDED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+    JOB_STATE_CANCELLED: _ClassVar[JobState]
+    JOB_STATE_TIMED_OUT: _ClassVar[JobState]
+ROLE_UNSPECIFIED: Role
+ROLE_GATEWAY: Role
+ROLE_PEER: Role
+STREAM_MODE_UNSPECIFIED: StreamMode
+STREAM_MODE_LEADER: StreamMode
+STREAM_MODE_ALL: StreamMode
+STREAM_MODE_NONE: StreamMode
+CONTROL_UNSPECIFIED: Control
+CONTROL_RELEASE: Control
+CONTROL_CANCEL: Control
+OUTPUT_STREAM_UNSPECIFIED: OutputStream
+OUTPUT_STREAM_STDOUT: OutputStream
+OUTPUT_STREAM_STDERR: OutputStream
+HOST_STATE_UNSPECIFIED: HostState
+HOST_STATE_PENDING: HostState
+HOST_STATE_RUNNING: HostState
+HOST_STATE_SUCCEEDED: HostState
+HOST_STATE_FAILED: HostState
+HOST_STATE_DIED: HostState
+HOST_STATE_CANCELLED: HostState
+HOST_STATE_LOST: HostState
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_SUCCEEDED: JobState
+JOB_STATE_FAILED: JobState
+JOB_STATE_CANCELLED: JobState
+JOB_STATE_TIMED_OUT: JobState
+
+class Versions(_message.Message):
+    __slots__ = ("protocol", "remote_tpu", "python", "cloudpickle", "jax")
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_TPU_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FIELD_NUMBER: _ClassVar[int]
+    CLOUDPICKLE_FIELD_NUMBER: _ClassVar[int]
+    JAX_FIELD_NUMBER: _ClassVar[int]
+    protocol: int
+    remote_tpu: str
+    python: str
+    cloudpickle: str
+    jax: str
+    def __init__(self, protocol: _Optional[int] = ..., remote_tpu: _Optional[str] = ..., python: _Optional[str] = ..., cloudpickle: _Optional[str] = ..., jax: _Optional[str] = ...) -> None: ...
+
+class HealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HealthReply(_message.Message):
+    __slots__ = ("versions", "agent_address", "worker_id", "peers", "simulate_devices")
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    SIMULATE_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    versions: Versions
+    agent_address: str
+    worker_id: int
+    peers: _containers.RepeatedScalarFieldContainer[str]
+    simulate_devices: int
+    def __init__(self, versions: _Optional[_Union[Versions, _Mapping]] = ..., agent_address: _Optional[str] = ..., worker_id: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ..., simulate_devices: _Optional[int] = ...) -> None: ...
+
+class JaxTimeouts(_message.Message):
+    __slots__ = ("initialization_seconds", "heartbeat_seconds", "shutdown_seconds")
+    INITIALIZATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SHUTDOWN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    initialization_seconds: int
+    heartbeat_seconds: int
+    shutdown_seconds: int
+    def __init__(self, initialization_seconds: _Optional[int] = ..., heartbeat_seconds: _Optional[int] = ..., shutdown_seconds: _Optional[int] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CLIENT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    NUM_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    JAX_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_PER_HOST_FIELD_NUMBER: _ClassVar[int]
+    client_versions: Versions
+    job_id: str
+    accelerator: str
+    num_hosts: int
+    role: Role
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    process_id: int
+    coordinator_address: str
+    stream: StreamMode
+    env: _containers.ScalarMap[str, str]
+    timeout_seconds: float
+    jax_timeouts: JaxTimeouts
+    payload_size: int
+    devices_per_host: int
+    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ...) -> None: ...
+
+class RunRequest(_message.Message):
+    __slots__ = ("spec", "payload_chunk", "control")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_FIELD_NUMBER: _ClassVar[int]
+    spec: JobSpec
+    payload_chunk: bytes
+    control: Control
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., payload_chunk: _Optional[bytes] = ..., control: _Optional[_Union[Control, str]] = ...) -> None: ...
+
+class Output(_message.Message):
+    __slots__ = ("stream", "data")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    stream: OutputStream
+    data: bytes
+    def __init__(self, stream: _Optional[_Union[OutputStream, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class RemoteException(_message.Message):
+    __slots__ = ("type_name", "message", "traceback", "pickled")
+    TYPE_NAME_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    PICKLED_FIELD_NUMBER: _ClassVar[int]
+    type_name: str
+    message: str
+    traceback: str
+    pickled: bytes
+    def __init__(self, type_name: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., pickled: _Optional[bytes] = ...) -> None: ...
+
+class HostReport(_message.Message):
+    __slots__ = ("host", "state", "exit_code", "signal", "detail", "last_lines", "exception", "finished_at", "exited")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    LAST_LINES_FIELD_NUMBER: _ClassVar[int]
+    EXCEPTION_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    host: int
+    state: HostState
+    exit_code: int
+    signal: str
+    detail: str
+    last_lines: _containers.RepeatedScalarFieldContainer[str]
+    exception: RemoteException
+    finished_at: float
+    exited: bool
+    def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ...) -> None: ...
+
+class JobEnd(_message.Message):
+    __slots__ = ("state", "root_cause_host", "hosts", "detail")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ROOT_CAUSE_HOST_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    state: JobState
+    root_cause_host: int
+    hosts: _containers.RepeatedCompositeFieldContainer[HostReport]
+    detail: str
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., root_cause_host: _Optional[int] = ..., hosts: _Optional[_Iterable[_Union[HostReport, _Mapping]]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class Started(_message.Message):
+    __slots__ = ("job_id", "pid", "coordinator_address")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    pid: int
+    coordinator_address: str
+    def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("host", "started", "output", "done", "exited", "result_chunk", "end")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    RESULT_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    host: int
+    started: Started
+    output: Output
+    done: HostReport
+    exited: HostReport
+    result_chunk: bytes
+    end: JobEnd
+    def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ...) -> None: ...

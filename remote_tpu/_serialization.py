@@ -1,0 +1,382 @@
+"""The only code that pickles. Shared by the client, the agent and the worker.
+
+An envelope is::
+
+    b"RTPU" | u32 header length | header (JSON: versions, kind)
+            | u32 buffer count | u64 length of each buffer | u64 pickle length
+            | pickle stream (protocol 5) | out-of-band buffers, in order
+
+Large buffers (numpy arrays and the like) travel out of band: they are never
+copied into the pickle stream, and on loading they are views into the received
+bytes, not copies.
+
+Functions from ``__main__``, notebook cells, closures and the user's own local
+modules (anything not part of the standard library or of an installed
+distribution) are pickled by value, so the hosts need not have them.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import inspect
+import io
+import json
+import pickle
+import struct
+import sys
+import sysconfig
+import threading
+import traceback
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import cloudpickle
+
+from ._exceptions import SerializationError, VersionMismatchError
+from ._version import local_versions
+
+MAGIC = b"RTPU"
+CHUNK_SIZE = 1 << 20          # gRPC messages stay far below the 4 MiB default limit
+_INBAND_LIMIT = 64 * 1024     # smaller buffers stay inside the pickle stream
+_OWN_PACKAGES = frozenset({"remote_tpu", "remote_tpu_agent"})
+_by_value_lock = threading.Lock()
+
+
+class Payload:
+    """A pickled envelope as a list of parts, sent without joining them."""
+
+    def __init__(self, parts: list[memoryview]) -> None:
+        self.parts = parts
+        self.nbytes = sum(p.nbytes for p in parts)
+
+    def chunks(self, size: int = CHUNK_SIZE) -> Iterator[bytes]:
+        """Yield the envelope as bytes of at most ``size``, in order."""
+        for part in self.parts:
+            for start in range(0, part.nbytes, size):
+                yield part[start:start + size].tobytes()
+
+    def to_bytes(self) -> bytes:
+        return b"".join(p.tobytes() for p in self.parts)
+
+
+# --------------------------------------------------------------------------- dump
+
+
+def _envelope(kind: str, pickled: bytes, buffers: list[pickle.PickleBuffer]) -> Payload:
+    header = json.dumps({"kind": kind, "versions": local_versions()}).encode()
+    raws = [b.raw() for b in buffers]
+    prefix = b"".join([
+        MAGIC,
+        struct.pack("<I", len(header)), header,
+        struct.pack("<I", len(raws)),
+        struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws)),
+        struct.pack("<Q", len(pickled)),
+    ])
+    return Payload([memoryview(prefix), memoryview(pickled), *raws])
+
+
+def _pickle(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    buffers: list[pickle.PickleBuffer] = []
+
+    def keep_out_of_band(buf: pickle.PickleBuffer) -> bool:
+        if buf.raw().nbytes < _INBAND_LIMIT:
+            return True      # truthy: serialize in band
+        buffers.append(buf)
+        return False
+
+    data = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
+    return data, buffers
+
+
+def dumps(obj: Any, *, what: str = "value", kind: str = "value") -> Payload:
+    """Pickle ``obj``; on failure raise SerializationError naming the culprit."""
+    with _local_modules_by_value():
+        try:
+            data, buffers = _pickle(obj)
+        except Exception as exc:  # noqa: BLE001 - any pickling failure is reported
+            raise _unpicklable_error(obj, what, exc) from exc
+    return _envelope(kind, data, buffers)
+
+
+def dumps_call(fn: Any, args: tuple, kwargs: dict) -> Payload:
+    """Pickle a call. Arguments that do not fit the signature raise TypeError
+    here, as a local call would; unpicklable parts are named."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{_name(fn)}(): {exc}") from None
+    except ValueError:      # no signature (some builtins): nothing to check
+        bound = None
+    call = (fn, args, kwargs)
+    with _local_modules_by_value():
+        try:
+            data, buffers = _pickle(call)
+        except Exception as exc:  # noqa: BLE001
+            raise _call_error(fn, bound, args, kwargs, exc) from exc
+    return _envelope("call", data, buffers)
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+# --------------------------------------------------------------------------- load
+
+
+def split(data: bytes | bytearray | memoryview) -> tuple[dict, memoryview, list[memoryview]]:
+    """Parse an envelope without unpickling: (header, pickle stream, buffers)."""
+    view = memoryview(data)
+    try:
+        if view[:4].tobytes() != MAGIC:
+            raise ValueError("bad magic")
+        (hlen,) = struct.unpack_from("<I", view, 4)
+        header = json.loads(view[8:8 + hlen].tobytes())
+        pos = 8 + hlen
+        (nbufs,) = struct.unpack_from("<I", view, pos)
+        pos += 4
+        sizes = struct.unpack_from(f"<{nbufs}Q", view, pos)
+        pos += 8 * nbufs
+        (plen,) = struct.unpack_from("<Q", view, pos)
+        pos += 8
+        stream = view[pos:pos + plen]
+        pos += plen
+        buffers = []
+        for size in sizes:
+            buffers.append(view[pos:pos + size])
+            pos += size
+        if pos != view.nbytes or stream.nbytes != plen:
+            raise ValueError(f"length mismatch ({view.nbytes} bytes, expected {pos})")
+    except (ValueError, struct.error, json.JSONDecodeError) as exc:
+        raise SerializationError(
+            f"received data is not a remote_tpu envelope ({exc}); it was truncated "
+            "or corrupted in transit, or comes from an incompatible sender") from None
+    return header, stream, buffers
+
+
+def loads(data: bytes | bytearray | memoryview, *, what: str = "value") -> Any:
+    """Unpickle an envelope made by :func:`dumps` or :func:`dumps_call`."""
+    header, stream, buffers = split(data)
+    check_compatible(header.get("versions", {}), sender=f"the sender of this {what}")
+    try:
+        return pickle.loads(stream, buffers=buffers)
+    except Exception as exc:  # noqa: BLE001
+        raise SerializationError(
+            f"could not unpickle the {what}: {type(exc).__name__}: {exc}. A module or "
+            "class it refers to may be missing on this side; install it here, or "
+            "define it in the calling script so it travels by value.") from exc
+
+
+def check_compatible(remote: Mapping[str, Any], *, sender: str) -> None:
+    """Raise VersionMismatchError unless pickles from ``remote`` load here.
+
+    cloudpickle ships code objects by value, which only load in the same Python
+    minor version, and its format is only stable within one cloudpickle release.
+    """
+    mine = local_versions()
+    problems = []
+    rpy, mpy = str(remote.get("python", "?")), str(mine["python"])
+    if rpy.split(".")[:2] != mpy.split(".")[:2]:
+        problems.append(f"Python {rpy} there, {mpy} here")
+    rcp, mcp = str(remote.get("cloudpickle", "?")), str(mine["cloudpickle"])
+    if rcp != mcp:
+        problems.append(f"cloudpickle {rcp} there, {mcp} here")
+    if problems:
+        raise VersionMismatchError(
+            f"{sender} cannot exchange pickles with this process: "
+            + "; ".join(problems)
+            + ". Install the same Python minor version and the same cloudpickle "
+            "release on the client and on every host.")
+
+
+# ----------------------------------------------------------------- exceptions
+
+
+def describe_exception(exc: BaseException) -> dict[str, Any]:
+    """The wire form of an exception raised by user code."""
+    tb = "".join(traceback.format_exception(exc))
+    cls = type(exc)
+    try:
+        pickled = pickle.dumps(exc, protocol=5)
+        pickle.loads(pickled)        # an exception that cannot round-trip here won't there
+    except Exception:  # noqa: BLE001
+        try:
+            pickled = cloudpickle.dumps(exc, protocol=5)
+        except Exception:  # noqa: BLE001
+            pickled = b""
+    return {
+        "type_name": f"{cls.__module__}.{cls.__qualname__}",
+        "message": _safe_str(exc),
+        "traceback": tb,
+        "pickled": pickled,
+    }
+
+
+def rebuild_exception(pickled: bytes) -> BaseException | None:
+    """The exception itself, or None when its class cannot be rebuilt here."""
+    if not pickled:
+        return None
+    try:
+        exc = pickle.loads(pickled)
+    except Exception:  # noqa: BLE001
+        return None
+    return exc if isinstance(exc, BaseException) else None
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001
+        return f"<str() of {type(exc).__name__} failed>"
+
+
+# ------------------------------------------------------------- local modules
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_roots() -> tuple[frozenset[str], tuple[str, ...]]:
+    names = set(sys.stdlib_module_names) | set(sys.builtin_module_names)
+    names |= set(importlib.metadata.packages_distributions())
+    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return frozenset(names), tuple(sorted(paths))
+
+
+def _is_local(name: str, module: types.ModuleType) -> bool:
+    if name in _OWN_PACKAGES or name == "__main__":
+        return False
+    names, paths = _installed_roots()
+    if name in names:
+        return False
+    file = getattr(module, "__file__", None)
+    if not file:
+        return False
+    return not file.startswith(paths)
+
+
+class _local_modules_by_value:
+    """Register the user's own top-level modules with cloudpickle for one dump."""
+
+    def __enter__(self) -> None:
+        _by_value_lock.acquire()
+        self.registered: list[types.ModuleType] = []
+        roots = {n.partition(".")[0] for n in list(sys.modules)}
+        for root in sorted(roots):
+            module = sys.modules.get(root)
+            if module is None or not _is_local(root, module):
+                continue
+            try:
+                cloudpickle.register_pickle_by_value(module)
+            except ValueError:
+                continue
+            self.registered.append(module)
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            for module in self.registered:
+                try:
+                    cloudpickle.unregister_pickle_by_value(module)
+                except ValueError:
+                    pass
+        finally:
+            _by_value_lock.release()
+
+
+# ------------------------------------------------------- naming the culprit
+
+
+def _call_error(fn: Any, bound: inspect.BoundArguments | None, args: tuple,
+                kwargs: dict, exc: Exception) -> SerializationError:
+    if bound is not None:
+        for name, value in bound.arguments.items():
+            found = _find_unpicklable(value, [f"argument {name!r}"])
+            if found:
+                return _error_for(*found)
+    else:
+        for i, value in enumerate(args):
+            found = _find_unpicklable(value, [f"argument {i}"])
+            if found:
+                return _error_for(*found)
+        for name, value in kwargs.items():
+            found = _find_unpicklable(value, [f"argument {name!r}"])
+            if found:
+                return _error_for(*found)
+    return _unpicklable_error(fn, f"function {_name(fn)!r}", exc)
+
+
+def _unpicklable_error(obj: Any, what: str, exc: Exception) -> SerializationError:
+    found = _find_unpicklable(obj, [what])
+    if found:
+        return _error_for(*found)
+    return _error_for([what], obj, exc)
+
+
+def _error_for(path: list[str], obj: Any, exc: Exception) -> SerializationError:
+    return SerializationError(
+        f"cannot send {' -> '.join(path)} (a {type(obj).__module__}."
+        f"{type(obj).__qualname__}): {exc}. Nothing was sent. Pass a picklable value "
+        "instead, or create this object inside the remote function.")
+
+
+def _picklable(obj: Any) -> Exception | None:
+    try:
+        cloudpickle.dump(obj, io.BytesIO(), protocol=5, buffer_callback=lambda b: False)
+    except RecursionError as exc:
+        return exc
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    return None
+
+
+def _find_unpicklable(obj: Any, path: list[str], depth: int = 0,
+                      seen: set[int] | None = None) -> tuple[list[str], Any, Exception] | None:
+    """The deepest unpicklable part of ``obj`` as (path, object, error), or None."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return None
+    seen.add(id(obj))
+    exc = _picklable(obj)
+    if exc is None:
+        return None
+    if depth < 8:
+        for label, child in _children(obj):
+            found = _find_unpicklable(child, path + [label], depth + 1, seen)
+            if found:
+                return found
+    return path, obj, exc
+
+
+def _children(obj: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        for k, v in list(obj.items()):
+            yield f"key {k!r}", v
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for i, v in enumerate(obj):
+            yield f"item {i}", v
+    elif isinstance(obj, types.FunctionType):
+        code = obj.__code__
+        for name, cell in zip(code.co_freevars, obj.__closure__ or ()):
+            try:
+                yield f"closure variable {name!r}", cell.cell_contents
+            except ValueError:
+                continue
+        for name in _global_names(code):
+            if name in obj.__globals__:
+                yield f"global {name!r}", obj.__globals__[name]
+    elif isinstance(obj, types.MethodType):
+        yield "bound object", obj.__self__
+    else:
+        state = getattr(obj, "__dict__", None)
+        if isinstance(state, dict):
+            for k, v in list(state.items()):
+                yield f"attribute {k!r}", v
+        for slot in getattr(type(obj), "__slots__", ()) or ():
+            if isinstance(slot, str) and hasattr(obj, slot):
+                yield f"attribute {slot!r}", getattr(obj, slot)
+
+
+def _global_names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _global_names(const)

@@ -1,0 +1,149 @@
+"""Accelerator names -> slice shape, following Cloud TPU's own naming.
+
+Sources (Cloud TPU documentation, "System architecture" and each version's page):
+
+- https://cloud.google.com/tpu/docs/v2 and /v3: a v2/v3 accelerator type counts
+  TensorCores, 2 per chip; a host (TPU VM) has 4 chips (8 cores). Slices: v2-8,
+  v2-32, v2-128, v2-256, v2-512; v3-8, v3-32, v3-64, v3-128, v3-256, v3-512,
+  v3-1024, v3-2048.
+- https://cloud.google.com/tpu/docs/v4: the number counts TensorCores, 2 per chip
+  (one megacore JAX device per chip), 4 chips per host; slices are 3D shapes of
+  whole hosts, from v4-8 (2x2x1) to the full pod of 4096 chips (v4-8192).
+- https://cloud.google.com/tpu/docs/v5p: the number counts TensorCores, 2 per chip
+  (one JAX device per chip), 4 chips per host, from v5p-8 (2x2x1) up to the
+  largest schedulable shape 16x16x24 (6144 chips, v5p-12288).
+- https://cloud.google.com/tpu/docs/v5e: v5e (`v5litepod-N`) counts chips, one
+  TensorCore each; v5litepod-1, -4 and -8 are one host, larger slices (16, 32, 64,
+  128, 256) have 4 chips per host.
+- https://cloud.google.com/tpu/docs/v6e: v6e counts chips like v5e, with the same
+  sizes (1, 4, 8 on one host; 16 to 256 with 4 chips per host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from ._exceptions import ConfigurationError
+
+
+@dataclasses.dataclass(frozen=True)
+class _Generation:
+    name: str                 # as in the accelerator type: "v5litepod"
+    counts: str               # "tensorcores" or "chips": what the number means
+    cores_per_chip: int
+    devices_per_chip: int     # JAX devices per chip (v2/v3 expose each core)
+    chips_per_host: int       # on a multi-host slice
+    single_host_max_chips: int
+    sizes: tuple[int, ...] = ()   # explicit documented sizes, or ...
+    step: int = 0                 # ... every multiple of step up to max_size
+    max_size: int = 0
+
+    def valid(self, n: int) -> bool:
+        if self.sizes:
+            return n in self.sizes
+        return n >= self.step and n % self.step == 0 and n <= self.max_size
+
+    def nearest(self, n: int) -> list[int]:
+        if self.sizes:
+            below = [s for s in self.sizes if s < n][-1:]
+            above = [s for s in self.sizes if s > n][:1]
+            return below + above
+        lo = (n // self.step) * self.step
+        out = [s for s in (lo, lo + self.step) if self.step <= s <= self.max_size]
+        return out or [self.step]
+
+    def forms(self) -> str:
+        if self.sizes:
+            return ", ".join(str(s) for s in self.sizes)
+        return f"any multiple of {self.step} from {self.step} to {self.max_size}"
+
+
+_GENERATIONS = {
+    g.name: g
+    for g in (
+        _Generation("v2", "tensorcores", 2, 2, 4, 4, sizes=(8, 32, 128, 256, 512)),
+        _Generation("v3", "tensorcores", 2, 2, 4, 4,
+                    sizes=(8, 32, 64, 128, 256, 512, 1024, 2048)),
+        _Generation("v4", "tensorcores", 2, 1, 4, 4, step=8, max_size=8192),
+        _Generation("v5p", "tensorcores", 2, 1, 4, 4, step=8, max_size=12288),
+        _Generation("v5litepod", "chips", 1, 1, 4, 8,
+                    sizes=(1, 4, 8, 16, 32, 64, 128, 256)),
+        _Generation("v6e", "chips", 1, 1, 4, 8, sizes=(1, 4, 8, 16, 32, 64, 128, 256)),
+    )
+}
+_ALIASES = {"v5e": "v5litepod", "v5lite": "v5litepod"}
+_PATTERN = re.compile(r"^(?:tpu-)?(v\d+[a-z]*)-(\d+)$")
+_EXAMPLES = "tpu-v4-16, tpu-v5p-32, tpu-v5litepod-16 (alias tpu-v5e-16), tpu-v6e-8"
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """The shape of one TPU slice, parsed from an accelerator name.
+
+    >>> t = Topology.parse("tpu-v5p-32")
+    >>> (t.chips, t.tensorcores, t.hosts, t.chips_per_host, t.multi_host)
+    (16, 32, 4, 4, True)
+    """
+
+    name: str             # canonical accelerator name, e.g. "tpu-v5p-32"
+    generation: str       # "v2", "v3", "v4", "v5p", "v5litepod" or "v6e"
+    chips: int
+    tensorcores: int
+    hosts: int
+    chips_per_host: int
+    devices_per_host: int  # JAX devices each host's process sees
+
+    @property
+    def multi_host(self) -> bool:
+        return self.hosts > 1
+
+    @property
+    def devices(self) -> int:
+        return self.devices_per_host * self.hosts
+
+    @classmethod
+    def parse(cls, accelerator: str) -> Topology:
+        """Parse ``"tpu-v5p-32"`` (the ``tpu-`` prefix is optional)."""
+        if isinstance(accelerator, Topology):
+            return accelerator
+        if not isinstance(accelerator, str):
+            raise ConfigurationError(
+                f"accelerator must be a string such as 'tpu-v5p-32', got "
+                f"{type(accelerator).__name__} {accelerator!r}")
+        m = _PATTERN.match(accelerator.strip().lower())
+        if not m:
+            raise ConfigurationError(
+                f"accelerator {accelerator!r} is not of the form 'tpu-<version>-<size>'; "
+                f"for example {_EXAMPLES}. Versions: {', '.join(sorted(_GENERATIONS))}.")
+        gen_name = _ALIASES.get(m.group(1), m.group(1))
+        size = int(m.group(2))
+        gen = _GENERATIONS.get(gen_name)
+        if gen is None:
+            raise ConfigurationError(
+                f"accelerator {accelerator!r}: unknown TPU version {m.group(1)!r}; "
+                f"known versions are {', '.join(sorted(_GENERATIONS))} "
+                f"(v5e is written v5litepod or v5e).")
+        if not gen.valid(size):
+            near = " or ".join(f"tpu-{gen.name}-{s}" for s in gen.nearest(size))
+            raise ConfigurationError(
+                f"accelerator {accelerator!r}: {size} is not a valid {gen.name} size "
+                f"(the number counts {gen.counts}). Valid sizes: {gen.forms()}. "
+                f"Nearest valid: {near}.")
+        if gen.counts == "tensorcores":
+            chips = size // gen.cores_per_chip
+        else:
+            chips = size
+        if chips <= gen.single_host_max_chips:
+            hosts, per_host = 1, chips
+        else:
+            hosts, per_host = chips // gen.chips_per_host, gen.chips_per_host
+        return cls(
+            name=f"tpu-{gen.name}-{size}",
+            generation=gen.name,
+            chips=chips,
+            tensorcores=chips * gen.cores_per_chip,
+            hosts=hosts,
+            chips_per_host=per_host,
+            devices_per_host=per_host * gen.devices_per_chip,
+        )
