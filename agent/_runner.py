@@ -117,11 +117,13 @@ class WorkerRun:
                     break
                 self._tail.feed(data)
                 shown = noise.feed(data)
-                if shown and self._forward_output:
+                # Once we stop a host, what it prints while dying (JAX's
+                # "SIGTERM caught", say) is our doing: kept in the tail only.
+                if shown and self._forward_output and not self._cancelled:
                     self._emit(pb.Event(host=self.host,
                                         output=pb.Output(stream=stream, data=shown)))
             rest = noise.flush()
-            if rest and self._forward_output:
+            if rest and self._forward_output and not self._cancelled:
                 self._emit(pb.Event(host=self.host, output=pb.Output(stream=stream, data=rest)))
         finally:
             pipe.close()

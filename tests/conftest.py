@@ -1,0 +1,62 @@
+"""Shared helpers. Tests run real agents on loopback and real multi-process JAX on CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def job_processes() -> list[psutil.Process]:
+    """Every live worker or agent process started by remote_tpu on this machine."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if "remote_tpu_agent" in cmd and p.pid != os.getpid():
+            found.append(p)
+    return found
+
+
+def workers_of(agent_pids: list[int]) -> list[psutil.Process]:
+    out = []
+    for p in job_processes():
+        try:
+            if "remote_tpu_agent._worker" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def run_python(code: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (its own __main__), capturing output."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, cwd=kwargs.pop("cwd", ROOT), **kwargs)
+
+
+@pytest.fixture
+def no_leftover_workers():
+    """Fails the test if a worker process outlives it."""
+    yield
+    assert wait_until(lambda: not workers_of([]), timeout=5), \
+        f"worker processes left behind: {[p.cmdline() for p in workers_of([])]}"

@@ -1,0 +1,90 @@
+"""The decorator validates everything when applied, before anything runs."""
+
+import pytest
+
+import remote_tpu
+from remote_tpu import ConfigurationError
+
+
+def test_bare_decorator_says_to_add_parentheses():
+    with pytest.raises(ConfigurationError, match=r"with parentheses"):
+        @remote_tpu.run
+        def f():
+            pass
+
+
+def test_missing_accelerator_says_what_to_pass(monkeypatch):
+    monkeypatch.delenv("REMOTE_TPU_ACCELERATOR", raising=False)
+    with pytest.raises(ConfigurationError, match="needs accelerator="):
+        remote_tpu.run(hosts="local")
+
+
+def test_bad_accelerator_fails_when_applied():
+    with pytest.raises(ConfigurationError, match="Nearest valid: tpu-v5p-24 or tpu-v5p-32"):
+        remote_tpu.run(accelerator="tpu-v5p-30", hosts="local")
+
+
+def test_wrapper_keeps_name_doc_and_runs_locally():
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts="local")
+    def add(a, b=2):
+        """Adds."""
+        return a + b
+
+    assert add.__name__ == "add" and add.__doc__ == "Adds."
+    assert add.local(1, b=5) == 6
+    assert "tpu-v4-16" in repr(add)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"stream": "some"}, "stream='some' is not one of leader, all, none"),
+    ({"timeout": -1}, "timeout must be a positive number"),
+    ({"timeout": "10"}, "timeout must be a positive number"),
+    ({"env": {"A": 1}}, "must be a string"),
+    ({"env": {"1A": "x"}}, "not a valid variable name"),
+    ({"env": ["A=1"]}, "must be a mapping"),
+    ({"hosts": "10.0.0.1:99999"}, "port 99999 is not in 1-65535"),
+    ({"hosts": "not an address!"}, "not of the form 'ip[:port]'"),
+    ({"hosts": []}, "non-empty list"),
+    ({"hosts": ["10.0.0.1", "10.0.0.1"]}, "lists an address twice"),
+    ({"jax_timeouts": remote_tpu.JaxTimeouts(heartbeat=0)}, "jax_timeouts.heartbeat"),
+])
+def test_bad_options_are_named(kwargs, message):
+    with pytest.raises(ConfigurationError) as info:
+        remote_tpu.run(accelerator="tpu-v4-16", **kwargs)
+    assert message in str(info.value)
+
+
+def test_host_count_mismatch_names_both_numbers():
+    with pytest.raises(ConfigurationError) as info:
+        remote_tpu.run(accelerator="tpu-v5p-32", hosts=["10.0.0.1", "10.0.0.2"])
+    msg = str(info.value)
+    assert "tpu-v5p-32 has 4 host(s)" in msg and "lists 2" in msg
+
+
+def test_addresses_get_the_default_port():
+    f = remote_tpu.run(accelerator="tpu-v4-16", hosts=["10.0.0.1", "[::1]:9000"])(len)
+    assert f.options.hosts == ("10.0.0.1:8475", "[::1]:9000")
+    g = remote_tpu.run(accelerator="tpu-v5p-32", hosts="10.0.0.2")(len)
+    assert g.options.hosts == ("10.0.0.2:8475",)
+
+
+def test_environment_is_the_fallback_and_arguments_win(monkeypatch):
+    monkeypatch.setenv("REMOTE_TPU_HOSTS", "10.0.0.1,10.0.0.2")
+    monkeypatch.setenv("REMOTE_TPU_STREAM", "all")
+    monkeypatch.setenv("REMOTE_TPU_TIMEOUT", "30")
+    f = remote_tpu.run(accelerator="tpu-v4-16")(len)
+    assert f.options.hosts == ("10.0.0.1:8475", "10.0.0.2:8475")
+    assert (f.options.stream, f.options.timeout) == ("all", 30.0)
+    g = remote_tpu.run(accelerator="tpu-v4-16", hosts="local", stream="none", timeout=5)(len)
+    assert (g.options.hosts, g.options.stream, g.options.timeout) == (("local",), "none", 5.0)
+    monkeypatch.setenv("REMOTE_TPU_HOSTS", "10.0.0.1,10.0.0.2,10.0.0.3")
+    with pytest.raises(ConfigurationError, match="REMOTE_TPU_HOSTS lists 3"):
+        remote_tpu.run(accelerator="tpu-v4-16")
+    monkeypatch.setenv("REMOTE_TPU_TIMEOUT", "soon")
+    with pytest.raises(ConfigurationError, match="REMOTE_TPU_TIMEOUT='soon'"):
+        remote_tpu.run(accelerator="tpu-v4-8", hosts="local")
+
+
+def test_default_hosts_is_the_local_slice(monkeypatch):
+    monkeypatch.delenv("REMOTE_TPU_HOSTS", raising=False)
+    assert remote_tpu.run(accelerator="tpu-v4-16")(len).options.local
