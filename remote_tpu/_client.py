@@ -36,7 +36,7 @@ def _channel(address: str) -> grpc.Channel:
 
 
 def new_job_id(name: str) -> str:
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:40].strip("-.") or "job"
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:40].strip("-._") or "job"
     return f"{stem}-{uuid.uuid4().hex[:12]}"
 
 
