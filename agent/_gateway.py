@@ -166,33 +166,16 @@ class GatewayJob:
         self.exited.add(event.host)
 
     def _settle(self, forward: bool, seconds: float = _SETTLE_SECONDS) -> Iterator[pb.Event]:
-        """Take events until every host has exited or ``seconds`` have passed."""
-        deadline = time.monotonic() + seconds
-        while len(self.exited) < self.n:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                item = self.events.get(timeout=left)
-            except queue.Empty:
-                break
-            if not isinstance(item, pb.Event):
-                continue
-            if forward:
-                yield from self._forward(item)
-            if item.HasField("done"):
-                if self.reports[item.host].state in (pb.HOST_STATE_PENDING,
-                                                      pb.HOST_STATE_RUNNING):
-                    self.reports[item.host] = item.done
-            elif item.HasField("exited"):
-                self._record_exit(item)
-        for h in self.handles:
-            if h.host not in self.exited and isinstance(h, RemoteHost):
-                h.abandon(f"agent at {h.address} did not confirm the worker stopped "
-                          f"within {seconds:g} s")
+        """Take events until every host has exited or ``seconds`` have passed;
+        a peer that has not confirmed by then is reported lost."""
+        yield from self._await(set(range(self.n)), seconds, forward)
+        for h in self.remotes:
+            if h.host not in self.exited:
+                detail = f"agent at {h.address} did not confirm the worker stopped"
+                h.abandon(detail)
                 self._record_exit(pb.Event(host=h.host, exited=pb.HostReport(
-                    host=h.host, state=pb.HOST_STATE_LOST,
-                    detail=f"agent at {h.address} did not answer")))
+                    host=h.host, state=pb.HOST_STATE_LOST, detail=detail,
+                    finished_at=time.time())))
 
     def _stop_all(self) -> None:
         for h in self.handles:
@@ -217,25 +200,38 @@ class GatewayJob:
                                              hosts=self.reports))
 
     def _settle_hosts(self, handles: Sequence) -> Iterator[pb.Event]:
+        """Wait for these released hosts to exit; stop those that do not."""
         wanted = {h.host for h in handles}
-        deadline = time.monotonic() + _SETTLE_SECONDS
-        while not wanted <= self.exited and time.monotonic() < deadline:
-            try:
-                item = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if isinstance(item, pb.Event):
-                yield from self._forward(item)
-                if item.HasField("exited"):
-                    self._record_exit(item)
+        yield from self._await(wanted, _SETTLE_SECONDS, forward=True)
         for h in handles:
             if h.host not in self.exited:
-                h.cancel()
                 if isinstance(h, RemoteHost):
                     h.abandon(f"agent at {h.address} did not confirm the worker exited")
                 else:
-                    h.finished.wait(5)
-        yield from self._settle(forward=True, seconds=1.0)
+                    h.cancel()
+        yield from self._await(wanted, _SETTLE_SECONDS, forward=True)
+
+    def _await(self, wanted: set[int], seconds: float, forward: bool) -> Iterator[pb.Event]:
+        """Take events until every host in ``wanted`` has exited, or ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while not wanted <= self.exited:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                item = self.events.get(timeout=left)
+            except queue.Empty:
+                return
+            if not isinstance(item, pb.Event):
+                continue
+            if forward:
+                yield from self._forward(item)
+            if item.HasField("done"):
+                if self.reports[item.host].state in (pb.HOST_STATE_PENDING,
+                                                      pb.HOST_STATE_RUNNING):
+                    self.reports[item.host] = item.done
+            elif item.HasField("exited"):
+                self._record_exit(item)
 
     def _fail(self, state: int, detail: str = "") -> Iterator[pb.Event]:
         self._stop_all()

@@ -17,6 +17,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -52,6 +53,20 @@ def _watch_control(fd: int, released: threading.Event) -> None:
             os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
+def _await_coordinator(address: str, timeout: float) -> None:
+    """Wait until process 0's coordination service accepts connections: a peer
+    that connects too early pays JAX's retry backoff (~0.7 s). Importing jax
+    before this runs in parallel with process 0 doing the same."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.01)
+
+
 def _initialize_jax(process_id: int, num_processes: int) -> None:
     import jax
 
@@ -59,12 +74,16 @@ def _initialize_jax(process_id: int, num_processes: int) -> None:
     if devices:
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_num_cpu_devices", devices)
+    coordinator = os.environ["JAX_COORDINATOR_ADDRESS"]
+    init_timeout = int(os.environ.get(ENV_INIT_TIMEOUT, "120"))
+    if process_id != 0:
+        _await_coordinator(coordinator, init_timeout)
     real_initialize = jax.distributed.initialize
     real_initialize(
-        coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+        coordinator_address=coordinator,
         num_processes=num_processes,
         process_id=process_id,
-        initialization_timeout=int(os.environ.get(ENV_INIT_TIMEOUT, "120")),
+        initialization_timeout=init_timeout,
         heartbeat_timeout_seconds=int(os.environ.get(ENV_HEARTBEAT_TIMEOUT, "20")),
         shutdown_timeout_seconds=int(os.environ.get(ENV_SHUTDOWN_TIMEOUT, "5")),
     )
