@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 _SETTLE_SECONDS = 4.0        # wait this long for every host's final report
 _CLIENT_GONE = object()
 _TIMED_OUT = object()
+_SHUTDOWN = object()
 
 # Messages a surviving host prints when a *peer* failed first: consequences,
 # never the root cause while a host failed on its own.
@@ -91,6 +92,15 @@ class GatewayJob:
                         for i in range(self.n)]
         self.done: set[int] = set()
         self.exited: set[int] = set()
+        self.ended = threading.Event()
+        self._shutdown_reason = ""
+
+    def shutdown(self, reason: str) -> None:
+        """The agent is going away: cancel the job, and wait (briefly) until the
+        caller has been told."""
+        self._shutdown_reason = reason
+        self.events.put(_SHUTDOWN)
+        self.ended.wait(_SETTLE_SECONDS + 2)
 
     # ------------------------------------------------------------------ run
 
@@ -113,6 +123,7 @@ class GatewayJob:
                 timer.cancel()
             for h in self.handles:
                 h.close()
+            self.ended.set()
 
     def _main_loop(self, client_gone: threading.Event) -> Iterator[pb.Event]:
         while True:
@@ -121,6 +132,9 @@ class GatewayJob:
                 self._stop_all()
                 for _ in self._settle(forward=False):
                     pass
+                return
+            if item is _SHUTDOWN:
+                yield from self._fail(pb.JOB_STATE_CANCELLED, self._shutdown_reason)
                 return
             if item is _TIMED_OUT:
                 yield from self._fail(pb.JOB_STATE_TIMED_OUT,

@@ -59,16 +59,23 @@ def _versions_pb() -> pb.Versions:
 class AgentService(pb_grpc.AgentServicer):
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        self.address = advertise_address(config.host, config.advertise)
+        self.address = advertise_address(config.host, config.advertise)   # host only
+        self.port = config.port          # the bound port, once create_server has bound it
         self.state_dir = config.state_dir or tempfile.mkdtemp(prefix="remote-tpu-agent-")
         self._busy = threading.Lock()
         self._current = ""
         self._runs: set[WorkerRun] = set()
+        self._jobs: set[GatewayJob] = set()
+
+    @property
+    def endpoint(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{self.port}"
 
     # -------------------------------------------------------------- RPCs
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
-        return pb.HealthReply(versions=_versions_pb(), agent_address=self.address,
+        return pb.HealthReply(versions=_versions_pb(), agent_address=self.endpoint,
                               worker_id=self.config.slice.worker_id,
                               peers=self.config.slice.peers,
                               simulate_devices=self.config.simulate_devices)
@@ -84,7 +91,7 @@ class AgentService(pb_grpc.AgentServicer):
         if not self._busy.acquire(blocking=False):
             context.set_trailing_metadata(((ERROR_KIND_KEY, "busy"),))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"host {self.address} is running job {self._current}; one job at a "
+                          f"host {self.endpoint} is running job {self._current}; one job at a "
                           "time per slice. Wait for it to finish and call again.")
         self._current = spec.job_id
         job_dir = os.path.join(self.state_dir, "jobs", f"{spec.job_id}-{spec.process_id}")
@@ -116,13 +123,13 @@ class AgentService(pb_grpc.AgentServicer):
             raise _Refused(
                 grpc.StatusCode.FAILED_PRECONDITION, "version",
                 f"protocol mismatch: the client speaks remote_tpu protocol {client.protocol} "
-                f"(remote_tpu {client.remote_tpu or '?'}), this agent at {self.address} "
+                f"(remote_tpu {client.remote_tpu or '?'}), this agent at {self.endpoint} "
                 f"speaks protocol {PROTOCOL_VERSION} (remote_tpu "
                 f"{local_versions()['remote_tpu']}). Install the same remote_tpu version "
                 "on the client and on every host.")
         try:
             check_compatible({"python": client.python, "cloudpickle": client.cloudpickle},
-                             sender=f"the client of the agent at {self.address}")
+                             sender=f"the client of the agent at {self.endpoint}")
         except Exception as exc:  # noqa: BLE001
             raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, "version", str(exc)) from None
         if not _JOB_ID.match(spec.job_id):
@@ -136,6 +143,12 @@ class AgentService(pb_grpc.AgentServicer):
         if spec.role not in (pb.ROLE_GATEWAY, pb.ROLE_PEER):
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
                            f"unknown role {spec.role}")
+        if spec.role == pb.ROLE_PEER and not (
+                0 < spec.process_id < spec.num_hosts and spec.coordinator_address):
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
+                           f"peer job needs 0 < process_id < num_hosts and a coordinator; "
+                           f"got process {spec.process_id} of {spec.num_hosts}, coordinator "
+                           f"{spec.coordinator_address!r}")
         return spec
 
     def _hosts_for(self, spec: pb.JobSpec) -> list[str]:
@@ -143,12 +156,18 @@ class AgentService(pb_grpc.AgentServicer):
             topology = Topology.parse(spec.accelerator)
         except ValueError as exc:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "config", str(exc)) from None
-        hosts = list(spec.hosts) or list(self.config.slice.peers) or [self.address]
+        peers = self.config.slice.peers
+        if not spec.hosts and peers and self.config.slice.worker_id != 0:
+            raise _Refused(
+                grpc.StatusCode.FAILED_PRECONDITION, "config",
+                f"the agent at {self.endpoint} is worker {self.config.slice.worker_id} of its "
+                f"slice; the gateway must be worker 0: point hosts= at {peers[0]}")
+        hosts = list(spec.hosts) or list(peers) or [self.endpoint]
         if len(hosts) != topology.hosts:
             raise _Refused(
                 grpc.StatusCode.INVALID_ARGUMENT, "config",
                 f"{topology.name} has {topology.hosts} host(s), but the slice behind the "
-                f"agent at {self.address} has {len(hosts)}: {', '.join(hosts)}. Use the "
+                f"agent at {self.endpoint} has {len(hosts)}: {', '.join(hosts)}. Use the "
                 "accelerator this slice really is, or pass every host in hosts=[...].")
         return hosts
 
@@ -190,11 +209,11 @@ class AgentService(pb_grpc.AgentServicer):
         context.add_callback(on_done)
         log.info("job %s: gateway for %d host(s), coordinator %s", spec.job_id, len(hosts),
                  job.coordinator)
-        self._runs.add(job.local)
+        self._jobs.add(job)
         try:
             yield from job.run(client_gone)
         finally:
-            self._runs.discard(job.local)
+            self._jobs.discard(job)
 
     def _run_peer(self, spec, requests, job_dir, context):
         events: queue.Queue = queue.Queue()
@@ -237,7 +256,9 @@ class AgentService(pb_grpc.AgentServicer):
             self._runs.discard(run)
 
     def stop_all(self) -> None:
-        """Kill every worker of this agent (agent shutdown)."""
+        """Agent shutdown: cancel every job (telling callers why) and kill every worker."""
+        for job in list(self._jobs):
+            job.shutdown(f"the gateway agent at {self.endpoint} is shutting down")
         for run in list(self._runs):
             run.close()
 
@@ -253,4 +274,5 @@ def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:
     port = server.add_insecure_port(f"{host}:{config.port}")
     if port == 0:
         raise OSError(f"could not bind {config.host}:{config.port}")
+    service.port = port
     return server, port, service

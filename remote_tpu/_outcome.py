@@ -45,8 +45,9 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str) -> None:
                               f"stopped. Final state of each host:\n{hosts}",
                               hosts=end.hosts)
     if end.state == pb.JOB_STATE_CANCELLED:
-        raise JobFailedError(f"job {job_id} on {accelerator} was cancelled. Final state of "
-                             f"each host:\n{hosts}", hosts=end.hosts)
+        raise JobFailedError(f"job {job_id} on {accelerator} was cancelled: "
+                             f"{end.detail or 'no reason given'}. Final state of each "
+                             f"host:\n{hosts}", hosts=end.hosts)
     if end.root_cause_host < 0 or end.root_cause_host >= len(end.hosts):
         detail = end.detail or "no host reported a cause"
         raise JobFailedError(f"job {job_id} on {accelerator} failed: {detail}. Final state "

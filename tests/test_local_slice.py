@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import remote_tpu
-from conftest import run_python, wait_until, workers_of
+from conftest import run_python, wait_until, live_workers
 from remote_tpu._local_slice import get_local_slice
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -197,6 +197,16 @@ def test_dead_worker_is_reported_with_its_exit_and_last_lines(how, detail,
     assert "host 0: cancelled" in msg
 
 
+def test_unpicklable_return_value_is_named():
+    @remote_tpu.run(accelerator="tpu-v4-8", hosts="local")
+    def f():
+        return {"model": threading.Lock()}
+
+    with pytest.raises(remote_tpu.SerializationError,
+                       match=r"cannot send the return value -> key 'model'"):
+        f()
+
+
 def test_timeout_stops_every_host(no_leftover_workers):
     @remote_tpu.run(timeout=3, **V4_16)
     def f():
@@ -242,7 +252,7 @@ def test_exec_closure_and_local_module_run_remotely(tmp_path, monkeypatch):
 
 
 def test_unpicklable_argument_fails_before_anything_is_sent():
-    calls_before = len(workers_of([]))
+    calls_before = len(live_workers())
 
     @remote_tpu.run(**V4_16)
     def f(opt):
@@ -256,7 +266,7 @@ def test_unpicklable_argument_fails_before_anything_is_sent():
 
     with pytest.raises(remote_tpu.SerializationError, match="argument 'opt' -> attribute 'lock'"):
         f(Opt())
-    assert len(workers_of([])) == calls_before == 0
+    assert len(live_workers()) == calls_before == 0
 
 
 def test_agents_are_reused_across_calls():

@@ -1,0 +1,177 @@
+"""The agent daemon on its own: its command line, explicit peers, refusals, shutdown."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+import remote_tpu
+from conftest import live_workers, wait_until
+from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
+from remote_tpu._transport import error_from_rpc, health, open_channel
+from remote_tpu._version import local_versions
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Agents:
+    """Real `remote-tpu-agent` daemons on loopback, as a user would start them."""
+
+    def __init__(self, n: int, devices: int = 2, peers: bool = True) -> None:
+        self.ports = [_free_port() for _ in range(n)]
+        self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
+        self.procs = []
+        for i, port in enumerate(self.ports):
+            cmd = [sys.executable, "-m", "remote_tpu_agent", "--port", str(port),
+                   "--worker-id", str(i), "--simulate-devices", str(devices),
+                   "--log-level", "WARNING"]
+            if peers:
+                cmd += ["--peers", ",".join(self.addresses)]
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True))
+        for proc in self.procs:
+            line = proc.stdout.readline()
+            assert line.startswith("remote-tpu-agent listening on "), proc.stderr.read()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            proc.wait(10)
+
+
+@pytest.fixture
+def two_agents():
+    agents = Agents(2)
+    yield agents
+    agents.stop()
+
+
+def _spec(**overrides) -> pb.JobSpec:
+    v = local_versions()
+    versions = pb.Versions(protocol=int(v["protocol"]), remote_tpu=str(v["remote_tpu"]),
+                           python=str(v["python"]), cloudpickle=str(v["cloudpickle"]))
+    spec = pb.JobSpec(client_versions=versions, job_id="probe", accelerator="tpu-v5litepod-4",
+                      role=pb.ROLE_GATEWAY)
+    for key, value in overrides.items():
+        if key == "python":
+            spec.client_versions.python = value
+        else:
+            setattr(spec, key, value)
+    return spec
+
+
+def _refusal(address: str, spec: pb.JobSpec) -> remote_tpu.RemoteTPUError:
+    with grpc.insecure_channel(address) as ch:
+        with pytest.raises(grpc.RpcError) as info:
+            list(pb_grpc.AgentStub(ch).Run(iter([pb.RunRequest(spec=spec)])))
+    return error_from_rpc(info.value, address)
+
+
+@pytest.mark.slow
+def test_gateway_address_alone_reaches_its_configured_peers(two_agents):
+    @remote_tpu.run(accelerator="tpu-v5litepod-8", hosts=two_agents.addresses[0])
+    def f():
+        # v5litepod-8 is one host; this call must be refused: 2 agents behind the gateway
+        return 1
+
+    with pytest.raises(remote_tpu.ConfigurationError) as info:
+        f()
+    assert "tpu-v5litepod-8 has 1 host(s), but the slice behind the agent" in str(info.value)
+    assert "has 2" in str(info.value)
+
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0])
+    def g():
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental import multihost_utils
+        total = multihost_utils.process_allgather(jnp.array([jax.process_index() + 1]))
+        return int(total.sum()), jax.process_count(), jax.local_device_count()
+
+    assert g() == (3, 2, 2)
+
+
+def test_worker_other_than_zero_refuses_to_be_gateway(two_agents):
+    err = _refusal(two_agents.addresses[1], _spec(accelerator="tpu-v4-16", num_hosts=2))
+    assert isinstance(err, remote_tpu.ConfigurationError)
+    assert f"point hosts= at {two_agents.addresses[0]}" in str(err)
+
+
+def test_health_reports_versions_and_slice(two_agents):
+    address = two_agents.addresses[1]
+    with open_channel(address) as ch:
+        reply = health(address, ch)
+    assert reply.versions.remote_tpu == remote_tpu.__version__
+    assert reply.worker_id == 1 and list(reply.peers) == two_agents.addresses
+    assert reply.simulate_devices == 2
+
+
+def test_python_version_mismatch_names_both_versions(two_agents):
+    err = _refusal(two_agents.addresses[0], _spec(python="3.9.18"))
+    assert isinstance(err, remote_tpu.VersionMismatchError)
+    assert "Python 3.9.18 there" in str(err) and f"{sys.version_info.minor}" in str(err)
+
+
+@pytest.mark.parametrize("job_id", ["../../etc", "", "a/b", "x" * 65])
+def test_job_ids_that_could_escape_the_state_dir_are_refused(two_agents, job_id):
+    err = _refusal(two_agents.addresses[0], _spec(job_id=job_id))
+    assert isinstance(err, remote_tpu.ConfigurationError) and "job id" in str(err)
+
+
+def test_peer_without_coordinator_is_refused(two_agents):
+    err = _refusal(two_agents.addresses[1], _spec(role=pb.ROLE_PEER, process_id=1,
+                                                  num_hosts=2))
+    assert "coordinator" in str(err)
+
+
+def test_bad_flags_and_busy_port_exit_with_a_message():
+    proc = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--simulate-devices",
+                           "-1"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "--simulate-devices must be >= 0" in proc.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--port", str(port)],
+                              capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in proc.stderr
+
+
+@pytest.mark.slow
+def test_stopping_the_gateway_agent_stops_every_worker(two_agents):
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0])
+    def sleeper():
+        time.sleep(120)
+
+    import threading
+    errors = []
+
+    def call():
+        try:
+            sleeper()
+        except remote_tpu.RemoteTPUError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=call)
+    t.start()
+    assert wait_until(lambda: len(live_workers()) == 2, timeout=60)
+    two_agents.procs[0].send_signal(signal.SIGTERM)
+    t.join(30)
+    assert not t.is_alive() and errors, "the caller was not told"
+    assert isinstance(errors[0], remote_tpu.JobFailedError)
+    assert f"the gateway agent at {two_agents.addresses[0]} is shutting down" in str(errors[0])
+    assert wait_until(lambda: not live_workers(), timeout=10), "workers outlived the agent"
