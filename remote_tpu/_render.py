@@ -10,13 +10,18 @@ from ._proto import remote_tpu_pb2 as pb
 
 
 class OutputRenderer:
-    """Writes remote output as it arrives. ``mode`` "all" prefixes each line
-    with ``[host i]``; partial lines and split UTF-8 sequences are kept whole."""
+    """Writes remote output as it arrives; split UTF-8 sequences are kept whole.
+
+    ``"leader"`` passes the leader's output through as is, partial lines
+    included. ``"all"`` writes whole lines only, each prefixed ``[host i]``, so
+    hosts never interleave inside a line; a last line without its newline is
+    written when the job ends. ``"none"`` writes nothing.
+    """
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self._decoders: dict[tuple[int, int], codecs.IncrementalDecoder] = {}
-        self._line_start: dict[tuple[int, int], bool] = {}
+        self._partial: dict[tuple[int, int], str] = {}
 
     @staticmethod
     def _target(stream: int) -> TextIO:
@@ -30,25 +35,29 @@ class OutputRenderer:
         decoder = self._decoders.get(key)
         if decoder is None:
             decoder = self._decoders[key] = codecs.getincrementaldecoder("utf-8")("replace")
-        self._emit(key, decoder.decode(data))
+        text = decoder.decode(data)
+        if self.mode == "all":
+            text = self._partial.pop(key, "") + text
+            complete, newline, rest = text.rpartition("\n")
+            if rest:
+                self._partial[key] = rest
+            text = self._prefixed(host, complete + newline)
+        self._emit(stream, text)
 
     def close(self) -> None:
-        for key, decoder in self._decoders.items():
-            self._emit(key, decoder.decode(b"", final=True))
+        for (host, stream), decoder in self._decoders.items():
+            text = decoder.decode(b"", final=True)
+            if self.mode == "all":
+                text = self._prefixed(host, self._partial.pop((host, stream), "") + text)
+            self._emit(stream, text)
 
-    def _emit(self, key: tuple[int, int], text: str) -> None:
-        if not text:
-            return
-        if self.mode == "all":
-            prefix = f"[host {key[0]}] "
-            lines = text.splitlines(keepends=True)
-            out = []
-            for line in lines:
-                if self._line_start.get(key, True):
-                    out.append(prefix)
-                out.append(line)
-                self._line_start[key] = line.endswith("\n")
-            text = "".join(out)
-        target = self._target(key[1])
-        target.write(text)
-        target.flush()
+    @staticmethod
+    def _prefixed(host: int, text: str) -> str:
+        prefix = f"[host {host}] "
+        return "".join(prefix + line for line in text.splitlines(keepends=True))
+
+    def _emit(self, stream: int, text: str) -> None:
+        if text:
+            target = self._target(stream)
+            target.write(text)
+            target.flush()

@@ -53,8 +53,18 @@ def test_renderer_prefixes_lines_per_host_and_keeps_split_utf8(monkeypatch):
     r.write(1, pb.OUTPUT_STREAM_STDOUT, b"x" + snow[:1])
     r.write(0, pb.OUTPUT_STREAM_STDOUT, b"o\n")
     r.write(1, pb.OUTPUT_STREAM_STDOUT, snow[1:] + b"\n")
+    r.write(1, pb.OUTPUT_STREAM_STDOUT, b"no newline at the end")
+    assert out.getvalue() == "[host 0] one\n[host 0] two\n[host 1] x☃\n"
     r.close()
-    assert out.getvalue() == "[host 0] one\n[host 0] tw[host 1] xo\n☃\n"
+    assert out.getvalue().endswith("[host 1] x☃\n[host 1] no newline at the end")
+
+
+def test_renderer_leader_passes_partial_lines_at_once(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    r = OutputRenderer("leader")
+    r.write(0, pb.OUTPUT_STREAM_STDOUT, b"progress 10%")
+    assert out.getvalue() == "progress 10%"
 
 
 def test_renderer_none_shows_nothing(monkeypatch):
