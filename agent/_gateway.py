@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from remote_tpu._options import join_host_port
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._serialization import CHUNK_SIZE
 
@@ -72,7 +73,7 @@ class GatewayJob:
         self.spec = spec
         self.n = len(hosts)
         self.events: queue.Queue = queue.Queue()
-        self.coordinator = f"{_bracket(advertise)}:{free_port(advertise)}"
+        self.coordinator = join_host_port(advertise, free_port(advertise))
         self.job_dir = job_dir
         self.local = WorkerRun(
             host=0, job_dir=job_dir, env=env_for(0, self.coordinator), emit=self.events.put,
@@ -254,6 +255,3 @@ class GatewayJob:
         yield pb.Event(host=0, end=pb.JobEnd(state=state, root_cause_host=cause,
                                              hosts=self.reports, detail=detail))
 
-
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -15,11 +15,12 @@ from collections.abc import Iterator
 
 import grpc
 
+from remote_tpu._options import join_host_port
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._serialization import check_compatible
 from remote_tpu._topology import Topology
-from remote_tpu._transport import ERROR_KIND_KEY, channel_options
+from remote_tpu._transport import ERROR_KIND_KEY, channel_options, versions_pb
 from remote_tpu._version import PROTOCOL_VERSION, local_versions
 
 from . import _worker
@@ -49,13 +50,6 @@ class _Refused(Exception):
         self.code, self.kind, self.message = code, kind, message
 
 
-def _versions_pb() -> pb.Versions:
-    v = local_versions()
-    return pb.Versions(protocol=int(v["protocol"]), remote_tpu=str(v["remote_tpu"]),
-                       python=str(v["python"]), cloudpickle=str(v["cloudpickle"]),
-                       jax=str(v["jax"]))
-
-
 class AgentService(pb_grpc.AgentServicer):
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -69,13 +63,12 @@ class AgentService(pb_grpc.AgentServicer):
 
     @property
     def endpoint(self) -> str:
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"{host}:{self.port}"
+        return join_host_port(self.address, self.port)
 
     # -------------------------------------------------------------- RPCs
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
-        return pb.HealthReply(versions=_versions_pb(), agent_address=self.endpoint,
+        return pb.HealthReply(versions=versions_pb(), agent_address=self.endpoint,
                               worker_id=self.config.slice.worker_id,
                               peers=self.config.slice.peers,
                               simulate_devices=self.config.simulate_devices)
@@ -270,8 +263,7 @@ def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:
                          options=channel_options())
     service = AgentService(config)
     pb_grpc.add_AgentServicer_to_server(service, server)
-    host = f"[{config.host}]" if ":" in config.host else config.host
-    port = server.add_insecure_port(f"{host}:{config.port}")
+    port = server.add_insecure_port(join_host_port(config.host, config.port))
     if port == 0:
         raise OSError(f"could not bind {config.host}:{config.port}")
     service.port = port

@@ -18,8 +18,7 @@ from ._proto import remote_tpu_pb2 as pb
 from ._proto import remote_tpu_pb2_grpc as pb_grpc
 from ._render import OutputRenderer
 from ._serialization import Payload, loads
-from ._transport import error_from_rpc, open_channel
-from ._version import local_versions
+from ._transport import error_from_rpc, open_channel, versions_pb
 
 _STREAM_MODES = {"leader": pb.STREAM_MODE_LEADER, "all": pb.STREAM_MODE_ALL,
                  "none": pb.STREAM_MODE_NONE}
@@ -40,13 +39,6 @@ def new_job_id(name: str) -> str:
     return f"{stem}-{uuid.uuid4().hex[:12]}"
 
 
-def _versions() -> pb.Versions:
-    v = local_versions()
-    return pb.Versions(protocol=int(v["protocol"]), remote_tpu=str(v["remote_tpu"]),
-                       python=str(v["python"]), cloudpickle=str(v["cloudpickle"]),
-                       jax=str(v["jax"]))
-
-
 def _requests(spec: pb.JobSpec, payload: Payload) -> Iterator[pb.RunRequest]:
     yield pb.RunRequest(spec=spec)
     for chunk in payload.chunks():
@@ -64,7 +56,7 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
     gateway = hosts[0]
     jt = options.jax_timeouts
     spec = pb.JobSpec(
-        client_versions=_versions(), job_id=job_id, accelerator=topology.name,
+        client_versions=versions_pb(), job_id=job_id, accelerator=topology.name,
         num_hosts=topology.hosts, role=pb.ROLE_GATEWAY, hosts=spec_hosts,
         stream=_STREAM_MODES[options.stream], env=dict(options.env),
         timeout_seconds=options.timeout or 0.0,

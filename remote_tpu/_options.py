@@ -46,6 +46,12 @@ def _from_env(name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
+def join_host_port(host: str, port: int) -> str:
+    """``("::1", 80)`` -> ``"[::1]:80"``; IPv4 addresses and names stay as they are."""
+    host = host.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def normalize_address(address: str) -> str:
     """``"10.0.0.2"`` -> ``"10.0.0.2:8475"``; raises ConfigurationError when malformed."""
     if not isinstance(address, str):
@@ -60,8 +66,7 @@ def normalize_address(address: str) -> str:
     port = int(m.group("port") or DEFAULT_AGENT_PORT)
     if not 0 < port < 65536:
         raise ConfigurationError(f"host address {address!r}: port {port} is not in 1-65535")
-    host = f"[{m.group('v6')}]" if m.group("v6") else m.group("host")
-    return f"{host}:{port}"
+    return join_host_port(m.group("v6") or m.group("host"), port)
 
 
 def parse_hosts(hosts: str | Sequence[str] | None, topology: Topology) -> tuple[str, ...]:

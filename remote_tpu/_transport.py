@@ -9,6 +9,7 @@ from ._exceptions import (AgentUnavailableError, ConfigurationError, RemoteTPUEr
                           VersionMismatchError)
 from ._proto import remote_tpu_pb2 as pb
 from ._proto import remote_tpu_pb2_grpc as pb_grpc
+from ._version import local_versions
 
 # Trailing metadata key an agent sets on a refused call: what kind of error it is.
 ERROR_KIND_KEY = "remote-tpu-error"
@@ -18,6 +19,14 @@ _KINDS: dict[str, type[RemoteTPUError]] = {
 }
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024    # our messages are <= 1 MiB chunks; headroom
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE,)
+
+
+def versions_pb() -> pb.Versions:
+    """This process's versions, as sent on the wire."""
+    v = local_versions()
+    return pb.Versions(protocol=int(v["protocol"]), remote_tpu=str(v["remote_tpu"]),
+                       python=str(v["python"]), cloudpickle=str(v["cloudpickle"]),
+                       jax=str(v["jax"]))
 
 
 def channel_options() -> list[tuple[str, int]]:

@@ -9,7 +9,7 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
   echo "Install one, or point PYTHON=/path/to/python3.11 at it." >&2
   exit 2
 fi
-stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+stamp=.venv/.installed-$("$PYTHON" -c 'import hashlib,sys; print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 if [ ! -f "$stamp" ]; then
   echo "Setting up .venv (first run only; installs jax, grpcio and friends)..." >&2
   "$PYTHON" -m venv .venv

@@ -15,8 +15,7 @@ import remote_tpu
 from conftest import live_workers, wait_until
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._transport import error_from_rpc, health, open_channel
-from remote_tpu._version import local_versions
+from remote_tpu._transport import error_from_rpc, health, open_channel, versions_pb
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,10 +61,8 @@ def two_agents():
 
 
 def _spec(**overrides) -> pb.JobSpec:
-    v = local_versions()
-    versions = pb.Versions(protocol=int(v["protocol"]), remote_tpu=str(v["remote_tpu"]),
-                           python=str(v["python"]), cloudpickle=str(v["cloudpickle"]))
-    spec = pb.JobSpec(client_versions=versions, job_id="probe", accelerator="tpu-v5litepod-4",
+    spec = pb.JobSpec(client_versions=versions_pb(), job_id="probe",
+                      accelerator="tpu-v5litepod-4",
                       role=pb.ROLE_GATEWAY)
     for key, value in overrides.items():
         if key == "python":
@@ -175,3 +172,54 @@ def test_stopping_the_gateway_agent_stops_every_worker(two_agents):
     assert isinstance(errors[0], remote_tpu.JobFailedError)
     assert f"the gateway agent at {two_agents.addresses[0]} is shutting down" in str(errors[0])
     assert wait_until(lambda: not live_workers(), timeout=10), "workers outlived the agent"
+
+
+@pytest.mark.slow
+def test_peer_agent_dying_mid_job_fails_fast_naming_it(two_agents):
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0])
+    def waits():
+        import jax
+        from jax.experimental import multihost_utils
+        print("in the job", flush=True)
+        multihost_utils.sync_global_devices("started")
+        time.sleep(120)
+
+    import threading
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(_raised(waits)))
+    t.start()
+    assert wait_until(lambda: len(live_workers()) == 2, timeout=60)
+    time.sleep(1.0)
+    two_agents.procs[1].kill()
+    t.join(30)
+    assert not t.is_alive()
+    err = errors[0]
+    assert isinstance(err, remote_tpu.JobFailedError) and err.host == 1, err
+    assert f"agent at {two_agents.addresses[1]} failed: UNAVAILABLE" in str(err)
+    assert "host 0: cancelled" in str(err)
+    assert wait_until(lambda: not live_workers(), timeout=10), "a worker outlived its agent"
+
+
+def test_unreachable_peer_is_reported_lost():
+    agents = Agents(2)
+    try:
+        agents.procs[1].kill()
+        agents.procs[1].wait()
+
+        @remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0])
+        def f():
+            return 1
+
+        err = _raised(f)
+        assert isinstance(err, remote_tpu.JobFailedError) and err.host == 1
+        assert "host 1: lost" in str(err)
+    finally:
+        agents.stop()
+
+
+def _raised(fn) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001
+        return exc
+    return None
