@@ -1,4 +1,8 @@
-"""`remote-tpu-agent`: the daemon's entry point. The only place that configures logging."""
+"""`remote-tpu-agent`: the daemon's entry point. The only place that configures logging.
+
+    remote-tpu-agent [serve] [--host H] [--port P] ...    run the agent
+    remote-tpu-agent token init [--path P] [--force]      create the slice token
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,10 @@ import signal
 import sys
 import threading
 
+from remote_tpu._auth import (TOKEN_ENV, check_token, default_token_file, is_loopback,
+                              new_token, read_token_file, write_token_file)
+from remote_tpu._exceptions import ConfigurationError
+from remote_tpu._options import DEFAULT_AGENT_PORT
 from remote_tpu._version import __version__
 
 from ._discovery import Slice
@@ -18,14 +26,16 @@ log = logging.getLogger("remote_tpu_agent")
 READY_PREFIX = "remote-tpu-agent listening on "
 
 
-def _parser() -> argparse.ArgumentParser:
+def _serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="remote-tpu-agent",
-        description="Serve remote_tpu jobs on this host (one agent per TPU VM).")
+        description="Serve remote_tpu jobs on this host (one agent per TPU VM). "
+                    "`remote-tpu-agent token init` creates the slice token.")
     p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8475,
-                   help="port to listen on; 0 picks a free one (default 8475)")
+                   help="address to listen on (default 127.0.0.1; any other address needs "
+                        "TLS and a token, or --insecure)")
+    p.add_argument("--port", type=int, default=DEFAULT_AGENT_PORT,
+                   help=f"port to listen on; 0 picks a free one (default {DEFAULT_AGENT_PORT})")
     p.add_argument("--advertise-address", default="",
                    help="address peers reach this host at (default: --host, or this "
                         "machine's hostname address when listening on all interfaces)")
@@ -37,6 +47,24 @@ def _parser() -> argparse.ArgumentParser:
                    help="run JAX on CPU with K devices per process (local slice, tests)")
     p.add_argument("--state-dir", default="",
                    help="directory for job files (default: a fresh temporary directory)")
+    p.add_argument("--token-file", default="",
+                   help=f"the slice token (default: ${TOKEN_ENV}, else {default_token_file()}, "
+                        "created if missing)")
+    p.add_argument("--tls-cert", default="", help="this agent's certificate (PEM)")
+    p.add_argument("--tls-key", default="", help="this agent's private key (PEM)")
+    p.add_argument("--tls-ca", default="",
+                   help="CA certificate (PEM) that signed the slice's agents, to verify peers; "
+                        "with --mtls also the clients")
+    p.add_argument("--mtls", action="store_true",
+                   help="demand a client certificate signed by --tls-ca (mutual TLS)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback address without TLS or token, and no token "
+                        "at all: anyone who reaches the port can run code as this user")
+    p.add_argument("--pass-env", default="",
+                   help="comma-separated names of this agent's environment variables that "
+                        "user functions may see (beyond PATH, HOME, locale, TPU/JAX/XLA ...)")
+    p.add_argument("--max-payload-bytes", type=int, default=16 << 30,
+                   help="largest function + arguments accepted (default 16 GiB)")
     p.add_argument("--exit-with-stdin", action="store_true",
                    help="shut down when standard input closes (the local slice uses this "
                         "so agents never outlive their client)")
@@ -46,16 +74,92 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _token_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="remote-tpu-agent token",
+                                description="Manage the slice's secret token.")
+    sub = p.add_subparsers(dest="action", required=True)
+    init = sub.add_parser("init", help="create a new random token file (mode 0600)")
+    init.add_argument("--path", default=default_token_file())
+    init.add_argument("--force", action="store_true", help="replace an existing token")
+    args = p.parse_args(argv)
+    try:
+        write_token_file(args.path, new_token(), overwrite=args.force)
+    except ConfigurationError as exc:
+        print(f"remote-tpu-agent: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote a new slice token to {args.path} (mode 0600).\n"
+          "Every agent of the slice and every client needs the same token: copy this file "
+          f"to the same place on each, or set {TOKEN_ENV} from it.")
+    return 0
+
+
+def _resolve_token(args: argparse.Namespace) -> str | None:
+    if args.token_file:
+        return read_token_file(args.token_file)
+    if os.environ.get(TOKEN_ENV):
+        return check_token(os.environ[TOKEN_ENV], f"${TOKEN_ENV}")
+    path = default_token_file()
+    if os.path.exists(path):
+        return read_token_file(path)
+    if args.insecure:
+        return None
+    write_token_file(path, new_token())
+    log.warning("no slice token was configured: created %s (mode 0600); clients on this "
+                "machine use it as is, others need a copy", path)
+    return read_token_file(path)
+
+
+def _check_exposure(args: argparse.Namespace, token: str | None) -> str:
+    """Why this configuration must not start, or ""."""
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return "--tls-cert and --tls-key go together"
+    if args.mtls and not args.tls_ca:
+        return "--mtls needs --tls-ca, the CA that signs client certificates"
+    for flag in ("tls_cert", "tls_key", "tls_ca"):
+        path = getattr(args, flag)
+        if path and not os.path.isfile(path):
+            return f"--{flag.replace('_', '-')} {path}: no such file"
+    if not is_loopback(args.host) and not args.insecure and not (args.tls_cert and token):
+        return (f"refusing to listen on {args.host} without TLS and a token: anyone who "
+                "reaches this port could run code as this user. Give --tls-cert/--tls-key "
+                "(and a token), listen on 127.0.0.1 behind an SSH tunnel, or pass --insecure "
+                "on a network you trust completely.")
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["token"]:
+        return _token_main(argv[1:])
+    if argv[:1] == ["serve"]:
+        argv = argv[1:]
+    parser = _serve_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.simulate_devices < 0:
-        _parser().error("--simulate-devices must be >= 0")
+        parser.error("--simulate-devices must be >= 0")
+    try:
+        token = _resolve_token(args)
+    except ConfigurationError as exc:
+        print(f"remote-tpu-agent: {exc}", file=sys.stderr)
+        return 2
+    problem = _check_exposure(args, token)
+    if problem:
+        print(f"remote-tpu-agent: {problem}", file=sys.stderr)
+        return 2
+    if args.insecure:
+        log.warning("*** INSECURE: %s%s. Anyone who can reach %s:%d can run code as this "
+                    "user. ***", "no token" if token is None else "token set",
+                    "" if args.tls_cert else ", no TLS", args.host, args.port)
     peers = tuple(p.strip() for p in args.peers.split(",") if p.strip())
-    config = AgentConfig(host=args.host, port=args.port, advertise=args.advertise_address,
-                         slice=Slice(worker_id=args.worker_id, peers=peers),
-                         simulate_devices=args.simulate_devices, state_dir=args.state_dir)
+    config = AgentConfig(
+        host=args.host, port=args.port, advertise=args.advertise_address,
+        slice=Slice(worker_id=args.worker_id, peers=peers),
+        simulate_devices=args.simulate_devices, state_dir=args.state_dir, token=token,
+        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, mtls=args.mtls,
+        pass_env=frozenset(n.strip() for n in args.pass_env.split(",") if n.strip()),
+        max_payload_bytes=args.max_payload_bytes)
     try:
         server, port, service = create_server(config)
     except (OSError, RuntimeError) as exc:
@@ -73,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             stop.set()
         threading.Thread(target=watch_stdin, daemon=True).start()
     print(f"{READY_PREFIX}{args.host}:{port}", flush=True)
-    log.info("remote-tpu-agent %s listening on %s:%d (worker %d, advertise %s)",
-             __version__, args.host, port, args.worker_id, service.address)
+    log.info("remote-tpu-agent %s listening on %s:%d (worker %d, advertise %s, %s, %s)",
+             __version__, args.host, port, args.worker_id, service.address,
+             "TLS" + (" + client certificates" if args.mtls else "") if args.tls_cert
+             else "no TLS", "token required" if token else "NO TOKEN")
     stop.wait()
     log.info("shutting down")
     service.stop_all()

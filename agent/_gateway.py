@@ -8,6 +8,8 @@ heartbeat timeout, then reports every host's final state.
 
 from __future__ import annotations
 
+import concurrent.futures
+import hashlib
 import logging
 import os
 import queue
@@ -20,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from remote_tpu._options import join_host_port
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._serialization import CHUNK_SIZE
+from remote_tpu._transport import Credentials
 
 from . import _worker
 from ._peers import RemoteHost
@@ -69,7 +72,8 @@ class GatewayJob:
     """One job, seen from its gateway."""
 
     def __init__(self, *, spec: pb.JobSpec, hosts: Sequence[str], job_dir: str,
-                 payload_path: str, advertise: str, env_for) -> None:
+                 payload_path: str, advertise: str, env_for,
+                 peer_credentials: Credentials) -> None:
         self.spec = spec
         self.n = len(hosts)
         self.events: queue.Queue = queue.Queue()
@@ -87,7 +91,8 @@ class GatewayJob:
             peer_spec.coordinator_address = self.coordinator
             del peer_spec.hosts[:]
             self.remotes.append(RemoteHost(host=i, address=address, spec=peer_spec,
-                                           payload_path=payload_path, emit=self.events.put))
+                                           payload_path=payload_path, emit=self.events.put,
+                                           credentials=peer_credentials))
         self.handles = [self.local, *self.remotes]
         self.reports = [pb.HostReport(host=i, state=pb.HOST_STATE_PENDING)
                         for i in range(self.n)]
@@ -106,6 +111,37 @@ class GatewayJob:
     # ------------------------------------------------------------------ run
 
     def run(self, client_gone: threading.Event) -> Iterator[pb.Event]:
+        try:
+            refused = self._preflight()
+            if refused:
+                yield pb.Event(host=0, end=pb.JobEnd(
+                    state=pb.JOB_STATE_FAILED, root_cause_host=refused[0].host,
+                    hosts=self.reports, detail="nothing was started on any host"))
+                return
+            yield from self._run(client_gone)
+        finally:
+            for h in self.handles:
+                h.close()
+            self.ended.set()
+
+    def _preflight(self) -> list[pb.HostReport]:
+        """Every peer must answer, accept our credentials and speak our protocol
+        before anything starts anywhere."""
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(self.remotes))) as pool:
+            problems = list(pool.map(lambda r: r.preflight(), self.remotes))
+        refused = []
+        for remote, problem in zip(self.remotes, problems):
+            if problem:
+                report = pb.HostReport(host=remote.host, state=pb.HOST_STATE_LOST,
+                                       detail=problem, finished_at=time.time())
+                self.reports[remote.host] = report
+                refused.append(report)
+        for report in self.reports:
+            if report.state == pb.HOST_STATE_PENDING and refused:
+                report.detail = "not started: another host refused the job"
+        return refused
+
+    def _run(self, client_gone: threading.Event) -> Iterator[pb.Event]:
         # Process 0 hosts the JAX coordinator: start it first.
         self.local.start()
         for remote in self.remotes:
@@ -122,9 +158,6 @@ class GatewayJob:
         finally:
             if timer is not None:
                 timer.cancel()
-            for h in self.handles:
-                h.close()
-            self.ended.set()
 
     def _main_loop(self, client_gone: threading.Event) -> Iterator[pb.Event]:
         while True:
@@ -208,11 +241,14 @@ class GatewayJob:
         if lost:
             yield from self._fail(pb.JOB_STATE_FAILED)
             return
+        digest = hashlib.sha256()
         with open(os.path.join(self.job_dir, _worker.RESULT_FILE), "rb") as f:
             while chunk := f.read(CHUNK_SIZE):
+                digest.update(chunk)
                 yield pb.Event(host=0, result_chunk=chunk)
         yield pb.Event(host=0, end=pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
-                                             hosts=self.reports))
+                                             hosts=self.reports,
+                                             result_sha256=digest.digest()))
 
     def _settle_hosts(self, handles: Sequence) -> Iterator[pb.Event]:
         """Wait for these released hosts to exit; stop those that do not."""

@@ -13,7 +13,7 @@ import grpc
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._serialization import CHUNK_SIZE
-from remote_tpu._transport import channel_options
+from remote_tpu._transport import Credentials, error_from_rpc, health
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class RemoteHost:
     """
 
     def __init__(self, *, host: int, address: str, spec: pb.JobSpec, payload_path: str,
-                 emit: Callable[[pb.Event], None]) -> None:
+                 emit: Callable[[pb.Event], None], credentials: Credentials) -> None:
         self.host = host
         self.address = address
         self._spec = spec
@@ -36,10 +36,24 @@ class RemoteHost:
         self._controls: queue.Queue[int] = queue.Queue()
         self._closed = threading.Event()
         self._call: grpc.Future | None = None
-        self._channel = grpc.insecure_channel(address, options=channel_options())
+        self._credentials = credentials
+        self._channel = credentials.channel(address)
         self._lock = threading.Lock()
         self._exited_sent = False
         self.finished = threading.Event()
+
+    def preflight(self) -> str:
+        """Check, before anything runs anywhere, that the peer answers, accepts
+        our credentials and speaks our protocol. Returns what is wrong, or ""."""
+        try:
+            reply = health(self.address, self._channel, self._credentials, attempts=2)
+        except Exception as exc:  # noqa: BLE001 - every failure is reported
+            return f"agent at {self.address} cannot take the job: {exc}"
+        mine = self._spec.client_versions.protocol
+        if reply.versions.protocol != mine:
+            return (f"agent at {self.address} speaks protocol {reply.versions.protocol} "
+                    f"(remote_tpu {reply.versions.remote_tpu}), the gateway {mine}")
+        return ""
 
     def start(self) -> None:
         threading.Thread(target=self._relay, daemon=True, name=f"peer{self.host}").start()
@@ -77,7 +91,7 @@ class RemoteHost:
     def _relay(self) -> None:
         stub = pb_grpc.AgentStub(self._channel)
         try:
-            self._call = stub.Run(self._requests())
+            self._call = stub.Run(self._requests(), metadata=self._credentials.metadata)
             for event in self._call:
                 if event.HasField("exited"):
                     self._send_exited(event.exited)
@@ -86,9 +100,11 @@ class RemoteHost:
         except grpc.RpcError as exc:
             if not self._closed.is_set():
                 log.warning("peer %d at %s: %s", self.host, self.address, exc.details())
-            self._send_exited(pb.HostReport(
-                host=self.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
-                detail=f"agent at {self.address} failed: {exc.code().name}: {exc.details()}"))
+            detail = f"agent at {self.address} failed: {exc.code().name}: {exc.details()}"
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                detail = f"agent at {self.address}: {error_from_rpc(exc, self.address)}"
+            self._send_exited(pb.HostReport(host=self.host, state=pb.HOST_STATE_LOST,
+                                            finished_at=time.time(), detail=detail))
         finally:
             self._closed.set()
         self._send_exited(pb.HostReport(

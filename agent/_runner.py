@@ -47,6 +47,7 @@ class WorkerRun:
         self._outputs_closed: list[threading.Event] = []
         self._status_thread: threading.Thread | None = None
         self.proc: subprocess.Popen | None = None
+        self._control_w: int | None = None
         self.report = pb.HostReport(host=host, state=pb.HOST_STATE_PENDING)
         self.finished = threading.Event()   # set once the `exited` event is out
 
@@ -84,6 +85,8 @@ class WorkerRun:
 
     def release(self) -> None:
         """Every host has finished: let the worker exit."""
+        if self._control_w is None:
+            return
         try:
             os.write(self._control_w, _worker.CONTROL_RELEASE)
         except OSError:
@@ -100,10 +103,12 @@ class WorkerRun:
         """Called when the job is over: nothing of it may survive."""
         if self.proc is not None and self.proc.poll() is None:
             self.cancel()
-        try:
-            os.close(self._control_w)
-        except OSError:
-            pass
+        if self._control_w is not None:
+            try:
+                os.close(self._control_w)
+            except OSError:
+                pass
+            self._control_w = None
 
     # ------------------------------------------------------------ threads
 
@@ -208,10 +213,30 @@ class WorkerRun:
         self.finished.set()
 
 
+# What of the agent's own environment a worker sees: what a Python program needs
+# to run, and what configures the accelerator stack. Nothing else (the agent's
+# token least of all) unless the agent is started with --pass-env NAME.
+_PASSED_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+    "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
+})
+_PASSED_PREFIXES = ("LC_", "TPU_", "JAX_", "XLA_", "LIBTPU_", "CLOUD_TPU_", "TF_CPP_",
+                    "OPENBLAS_", "OMP_", "MKL_")
+
+
+def passed_environment(base: Mapping[str, str], extra: frozenset[str] = frozenset()
+                       ) -> dict[str, str]:
+    return {k: v for k, v in base.items()
+            if (k in _PASSED_NAMES or k.startswith(_PASSED_PREFIXES) or k in extra)
+            and not k.startswith("REMOTE_TPU_")}
+
+
 def worker_env(base: Mapping[str, str], *, job_id: str, accelerator: str, process_id: int,
                num_processes: int, coordinator: str, simulate_devices: int,
-               timeouts: pb.JaxTimeouts, user_env: Mapping[str, str]) -> dict[str, str]:
-    """The environment of one worker: the agent's, the user's ``env=``, and JAX's."""
+               timeouts: pb.JaxTimeouts, user_env: Mapping[str, str],
+               payload_sha256: bytes) -> dict[str, str]:
+    """The environment of one worker: the agent's (as passed_environment has
+    filtered it), the user's ``env=``, and JAX's."""
     env = dict(base)
     env.update(user_env)
     env.update({
@@ -223,6 +248,7 @@ def worker_env(base: Mapping[str, str], *, job_id: str, accelerator: str, proces
         "REMOTE_TPU_NUM_HOSTS": str(num_processes),
         "REMOTE_TPU_ACCELERATOR": accelerator,
         "PYTHONUNBUFFERED": "1",     # prints reach the caller as they happen
+        _worker.ENV_PAYLOAD_SHA256: payload_sha256.hex(),
     })
     if timeouts.initialization_seconds:
         env[_worker.ENV_INIT_TIMEOUT] = str(timeouts.initialization_seconds)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import hashlib
 import logging
 import os
 import queue
@@ -20,13 +21,15 @@ from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._serialization import check_compatible
 from remote_tpu._topology import Topology
-from remote_tpu._transport import ERROR_KIND_KEY, channel_options, versions_pb
+from remote_tpu._auth import TLS
+from remote_tpu._transport import ERROR_KIND_KEY, Credentials, channel_options, versions_pb
 from remote_tpu._version import PROTOCOL_VERSION, local_versions
 
 from . import _worker
 from ._discovery import Slice, advertise_address
 from ._gateway import GatewayJob
-from ._runner import WorkerRun, worker_env
+from ._guard import TokenInterceptor
+from ._runner import WorkerRun, passed_environment, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +44,21 @@ class AgentConfig:
     slice: Slice = Slice()
     simulate_devices: int = 0           # > 0: JAX on CPU with this many devices
     state_dir: str = ""                 # job directories live here
-    max_payload_bytes: int = 64 << 30
+    max_payload_bytes: int = 16 << 30
+    token: str | None = dataclasses.field(default=None, repr=False)   # None: no auth
+    tls_cert: str = ""                  # this agent's certificate and key (PEM files)
+    tls_key: str = ""
+    tls_ca: str = ""                    # CA of the slice's agents (and, with mtls, clients)
+    mtls: bool = False                  # demand a client certificate signed by tls_ca
+    pass_env: frozenset[str] = frozenset()   # more of the agent's variables for workers
+
+    @property
+    def peer_credentials(self) -> Credentials:
+        """What this agent presents to its peers when it is the gateway."""
+        tls = None
+        if self.tls_ca:
+            tls = TLS(ca=self.tls_ca, cert=self.tls_cert or None, key=self.tls_key or None)
+        return Credentials(token=self.token, tls=tls)
 
 
 class _Refused(Exception):
@@ -60,6 +77,7 @@ class AgentService(pb_grpc.AgentServicer):
         self._current = ""
         self._runs: set[WorkerRun] = set()
         self._jobs: set[GatewayJob] = set()
+        self._worker_base_env = passed_environment(os.environ, config.pass_env)
 
     @property
     def endpoint(self) -> str:
@@ -136,6 +154,12 @@ class AgentService(pb_grpc.AgentServicer):
         if spec.role not in (pb.ROLE_GATEWAY, pb.ROLE_PEER):
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
                            f"unknown role {spec.role}")
+        if spec.stream not in (pb.STREAM_MODE_LEADER, pb.STREAM_MODE_ALL, pb.STREAM_MODE_NONE):
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
+                           f"unknown stream mode {spec.stream}")
+        if len(spec.payload_sha256) != hashlib.sha256().digest_size:
+            raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
+                           "the job spec carries no SHA-256 digest of its payload")
         if spec.role == pb.ROLE_PEER and not (
                 0 < spec.process_id < spec.num_hosts and spec.coordinator_address):
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
@@ -167,6 +191,7 @@ class AgentService(pb_grpc.AgentServicer):
     def _receive_payload(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
                          path: str, context: grpc.ServicerContext) -> None:
         received = 0
+        digest = hashlib.sha256()
         with open(path, "wb") as f:
             while received < spec.payload_size:
                 req = next(requests, None)
@@ -180,18 +205,27 @@ class AgentService(pb_grpc.AgentServicer):
                                   f"payload longer than the announced {spec.payload_size} "
                                   "bytes")
                 f.write(req.payload_chunk)
+                digest.update(req.payload_chunk)
+        if digest.digest() != spec.payload_sha256:
+            context.set_trailing_metadata(((ERROR_KIND_KEY, "integrity"),))
+            context.abort(grpc.StatusCode.DATA_LOSS,
+                          f"the payload received by the agent at {self.endpoint} does not "
+                          "match its SHA-256 digest: it was corrupted or altered on the "
+                          "way. Nothing was run.")
 
     def _env_for(self, spec: pb.JobSpec, process_id: int, coordinator: str) -> dict[str, str]:
-        return worker_env(os.environ, job_id=spec.job_id, accelerator=spec.accelerator,
+        return worker_env(self._worker_base_env, job_id=spec.job_id,
+                          accelerator=spec.accelerator,
                           process_id=process_id, num_processes=spec.num_hosts,
                           coordinator=coordinator,
                           simulate_devices=self.config.simulate_devices,
-                          timeouts=spec.jax_timeouts, user_env=dict(spec.env))
+                          timeouts=spec.jax_timeouts, user_env=dict(spec.env),
+                          payload_sha256=spec.payload_sha256)
 
     def _run_gateway(self, spec, hosts, job_dir, payload_path, context, client_gone):
         spec.num_hosts = len(hosts)
         job = GatewayJob(spec=spec, hosts=hosts, job_dir=job_dir, payload_path=payload_path,
-                         advertise=self.address,
+                         advertise=self.address, peer_credentials=self.config.peer_credentials,
                          env_for=lambda i, coord: self._env_for(spec, i, coord))
 
         def on_done() -> None:
@@ -221,6 +255,9 @@ class AgentService(pb_grpc.AgentServicer):
                         run.release()
                     elif req.control == pb.CONTROL_CANCEL:
                         threading.Thread(target=run.cancel, daemon=True).start()
+                    else:
+                        log.warning("job %s: ignoring unexpected request %s", spec.job_id,
+                                    req.WhichOneof("kind") or f"control {req.control}")
             except grpc.RpcError:
                 pass
             except Exception:  # noqa: BLE001 - the stream ended under us
@@ -256,14 +293,31 @@ class AgentService(pb_grpc.AgentServicer):
             run.close()
 
 
+def _server_credentials(config: AgentConfig) -> grpc.ServerCredentials:
+    def read(path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+    return grpc.ssl_server_credentials(
+        [(read(config.tls_key), read(config.tls_cert))],
+        root_certificates=read(config.tls_ca) if config.mtls else None,
+        require_client_auth=config.mtls)
+
+
 def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:
     """Build (not start) the agent's server; port 0 binds an ephemeral port."""
+    options = channel_options() + [("grpc.max_concurrent_streams", 64)]
+    interceptors = [TokenInterceptor(config.token)] if config.token else []
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=64,
                                                                thread_name_prefix="rpc"),
-                         options=channel_options())
+                         options=options, interceptors=interceptors,
+                         maximum_concurrent_rpcs=128)
     service = AgentService(config)
     pb_grpc.add_AgentServicer_to_server(service, server)
-    port = server.add_insecure_port(join_host_port(config.host, config.port))
+    address = join_host_port(config.host, config.port)
+    if config.tls_cert:
+        port = server.add_secure_port(address, _server_credentials(config))
+    else:
+        port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind {config.host}:{config.port}")
     service.port = port

@@ -14,6 +14,7 @@ The contract with the agent is the environment variables below plus two pipes.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ ENV_SIMULATE_DEVICES = "REMOTE_TPU_SIMULATE_DEVICES"
 ENV_INIT_TIMEOUT = "REMOTE_TPU_JAX_INIT_TIMEOUT"
 ENV_HEARTBEAT_TIMEOUT = "REMOTE_TPU_JAX_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "REMOTE_TPU_JAX_SHUTDOWN_TIMEOUT"
+ENV_PAYLOAD_SHA256 = "REMOTE_TPU_PAYLOAD_SHA256"   # hex; checked before unpickling
 
 PAYLOAD_FILE = "payload.bin"
 RESULT_FILE = "result.bin"
@@ -151,6 +153,10 @@ def main() -> None:
         with open(os.path.join(job_dir, PAYLOAD_FILE), "rb") as f:
             data = bytearray(os.fstat(f.fileno()).st_size)
             f.readinto(data)
+        if hashlib.sha256(data).hexdigest() != os.environ.get(ENV_PAYLOAD_SHA256):
+            raise _serialization.SerializationError(
+                "the payload on this host does not match the digest the client sent; "
+                "nothing was unpickled")
         fn, args, kwargs = _serialization.loads(data, what="function and arguments")
         del data
         phase = "running the function"

@@ -8,8 +8,10 @@
 Importing remote_tpu does not import jax.
 """
 
+from ._auth import TLS
 from ._decorator import RemoteFunction, run
-from ._exceptions import (AgentUnavailableError, ConfigurationError, JobFailedError,
+from ._exceptions import (AgentUnavailableError, AuthenticationError, ConfigurationError,
+                          JobFailedError,
                           JobTimeoutError, RemoteError, RemoteTPUError, RemoteTraceback,
                           SerializationError, VersionMismatchError)
 from ._options import JaxTimeouts
@@ -18,6 +20,7 @@ from ._version import __version__
 
 __all__ = [
     "AgentUnavailableError",
+    "AuthenticationError",
     "ConfigurationError",
     "JaxTimeouts",
     "JobFailedError",
@@ -27,6 +30,7 @@ __all__ = [
     "RemoteTPUError",
     "RemoteTraceback",
     "SerializationError",
+    "TLS",
     "Topology",
     "VersionMismatchError",
     "__version__",

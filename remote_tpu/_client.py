@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import re
 import threading
 import uuid
@@ -10,7 +12,8 @@ from typing import Any
 
 import grpc
 
-from ._exceptions import AgentUnavailableError
+from ._auth import client_token
+from ._exceptions import AgentUnavailableError, SerializationError
 from ._local_slice import get_local_slice
 from ._options import RunOptions
 from ._outcome import raise_for_end
@@ -18,19 +21,20 @@ from ._proto import remote_tpu_pb2 as pb
 from ._proto import remote_tpu_pb2_grpc as pb_grpc
 from ._render import OutputRenderer
 from ._serialization import Payload, loads
-from ._transport import error_from_rpc, open_channel, versions_pb
+from ._transport import Credentials, error_from_rpc, versions_pb
 
 _STREAM_MODES = {"leader": pb.STREAM_MODE_LEADER, "all": pb.STREAM_MODE_ALL,
                  "none": pb.STREAM_MODE_NONE}
-_channels: dict[str, grpc.Channel] = {}
+_channels: dict[tuple[str, Credentials], grpc.Channel] = {}
 _channels_lock = threading.Lock()
 
 
-def _channel(address: str) -> grpc.Channel:
+def _channel(address: str, credentials: Credentials) -> grpc.Channel:
+    key = (address, dataclasses.replace(credentials, token=None))
     with _channels_lock:
-        ch = _channels.get(address)
+        ch = _channels.get(key)
         if ch is None:
-            ch = _channels[address] = open_channel(address)
+            ch = _channels[key] = credentials.channel(address)
         return ch
 
 
@@ -48,11 +52,14 @@ def _requests(spec: pb.JobSpec, payload: Payload) -> Iterator[pb.RunRequest]:
 def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
     topology = options.topology
     if options.local:
-        hosts = get_local_slice(topology).addresses
+        local = get_local_slice(topology)
+        hosts = local.addresses
         spec_hosts = list(hosts)
+        credentials = local.credentials
     else:
         hosts = list(options.hosts)
         spec_hosts = hosts if len(hosts) > 1 else []
+        credentials = Credentials(token=client_token(options.token), tls=options.tls)
     gateway = hosts[0]
     jt = options.jax_timeouts
     spec = pb.JobSpec(
@@ -64,12 +71,13 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
                                     heartbeat_seconds=jt.heartbeat,
                                     shutdown_seconds=jt.shutdown),
         payload_size=payload.nbytes, devices_per_host=topology.devices_per_host,
+        payload_sha256=payload.sha256(),
     )
-    stub = pb_grpc.AgentStub(_channel(gateway))
+    stub = pb_grpc.AgentStub(_channel(gateway, credentials))
     renderer = OutputRenderer(options.stream)
     chunks: list[bytes] = []
     end: pb.JobEnd | None = None
-    stream = stub.Run(_requests(spec, payload))
+    stream = stub.Run(_requests(spec, payload), metadata=credentials.metadata)
     try:
         for event in stream:
             kind = event.WhichOneof("kind")
@@ -91,9 +99,15 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
                                     "final report; see its log")
     raise_for_end(end, accelerator=topology.name, job_id=job_id)
     data = bytearray(sum(len(c) for c in chunks))
+    digest = hashlib.sha256()
     pos = 0
     for c in chunks:
         data[pos:pos + len(c)] = c
+        digest.update(c)
         pos += len(c)
     chunks.clear()
+    if digest.digest() != end.result_sha256:
+        raise SerializationError(f"the return value of job {job_id} arrived corrupted (its "
+                                 "SHA-256 does not match the gateway's); nothing was "
+                                 "unpickled. Call again.")
     return loads(data, what="return value")

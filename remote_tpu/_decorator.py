@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
+from ._auth import TLS
 from ._exceptions import ConfigurationError
 from ._options import JaxTimeouts, RunOptions, resolve
 from ._topology import Topology
@@ -51,6 +52,8 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         stream: str | None = None,
         env: Mapping[str, str] | None = None,
         jax_timeouts: JaxTimeouts | None = None,
+        token: str | None = None,
+        tls: TLS | None = None,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -65,6 +68,10 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         prefixed ``[host i]``) or ``"none"`` (``REMOTE_TPU_STREAM``).
     env: environment variables to set for the function on every host.
     jax_timeouts: ``jax.distributed`` initialization/heartbeat/shutdown timeouts.
+    token: the slice's secret token (default: ``$REMOTE_TPU_TOKEN``,
+        ``$REMOTE_TPU_TOKEN_FILE``, then ``~/.config/remote_tpu/token``).
+    tls: ``remote_tpu.TLS(ca=..., cert=..., key=...)`` to verify the agent's
+        certificate (``REMOTE_TPU_TLS_CA``, ``_CERT``, ``_KEY``).
     """
     if fn is not None:
         raise ConfigurationError(
@@ -72,7 +79,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
             "@remote_tpu.run(accelerator='tpu-v4-16', hosts='local'), with parentheses, "
             f"above {getattr(fn, '__qualname__', fn)!r}")
     options = resolve(accelerator=accelerator, hosts=hosts, timeout=timeout, stream=stream,
-                      env=env, jax_timeouts=jax_timeouts)
+                      env=env, jax_timeouts=jax_timeouts, token=token, tls=tls)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

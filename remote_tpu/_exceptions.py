@@ -4,6 +4,7 @@
     ├── ConfigurationError (ValueError) a bad option, accelerator or host list
     ├── SerializationError (TypeError)  something could not be pickled or unpickled
     ├── VersionMismatchError            client and agent cannot talk or share pickles
+    ├── AuthenticationError (PermissionError)  the agent refused our credentials
     ├── AgentUnavailableError           no agent answered at the address given
     ├── JobFailedError                  a host died without a Python exception
     │   └── JobTimeoutError (TimeoutError)  the job ran past ``timeout=``
@@ -35,6 +36,10 @@ class SerializationError(RemoteTPUError, TypeError):
 
 class VersionMismatchError(RemoteTPUError):
     """Client and agent speak different protocols or Python/cloudpickle versions."""
+
+
+class AuthenticationError(RemoteTPUError, PermissionError):
+    """The agent refused this caller's token (or certificate)."""
 
 
 class AgentUnavailableError(RemoteTPUError, ConnectionError):

@@ -1,6 +1,8 @@
 """The local slice: one agent process per simulated host on 127.0.0.1.
 
 Agents are reused across calls in the same Python process and stopped at exit.
+They listen on loopback only and accept nothing but a token made afresh for this
+client process (given to them in their environment, never on a command line).
 Each agent watches its standard input, a pipe from this process: when this
 process dies, even by SIGKILL, the pipe closes and the agent shuts down, and
 each worker likewise dies with its agent.
@@ -17,8 +19,10 @@ import tempfile
 import threading
 import time
 
+from ._auth import TOKEN_ENV, new_token
 from ._exceptions import AgentUnavailableError
 from ._topology import Topology
+from ._transport import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,8 @@ class LocalSlice:
         self.log_dir = tempfile.mkdtemp(prefix="remote-tpu-local-")
         self.procs: list[subprocess.Popen] = []
         self.addresses: list[str] = []
+        # A fresh secret per client process: other local users cannot use these agents.
+        self.credentials = Credentials(token=new_token())
 
     def start(self) -> None:
         for i in range(self.hosts):
@@ -44,7 +50,7 @@ class LocalSlice:
                  "--state-dir", os.path.join(self.log_dir, f"state-{i}"),
                  "--exit-with-stdin", "--log-level", "WARNING"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
-                start_new_session=True,
+                start_new_session=True, env={**os.environ, TOKEN_ENV: self.credentials.token},
             ))
             log_file.close()
         deadline = time.monotonic() + _START_TIMEOUT

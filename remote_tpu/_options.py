@@ -8,8 +8,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 
+from ._auth import TLS, check_token
 from ._exceptions import ConfigurationError
 from ._topology import Topology
 
@@ -18,6 +20,8 @@ LOCAL = "local"
 STREAM_MODES = ("leader", "all", "none")
 _ADDRESS = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>\d+))?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY",
+                          re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +39,8 @@ class RunOptions:
     stream: str
     env: tuple[tuple[str, str], ...]
     jax_timeouts: JaxTimeouts
+    token: str | None = dataclasses.field(default=None, repr=False)   # None: look it up per call
+    tls: TLS | None = None
 
     @property
     def local(self) -> bool:
@@ -112,7 +118,8 @@ def _positive(name: str, value: object, env: str) -> float | None:
 
 def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | None,
             timeout: float | None, stream: str | None,
-            env: Mapping[str, str] | None, jax_timeouts: JaxTimeouts | None) -> RunOptions:
+            env: Mapping[str, str] | None, jax_timeouts: JaxTimeouts | None,
+            token: str | None = None, tls: TLS | None = None) -> RunOptions:
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
@@ -135,13 +142,24 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
                 raise ConfigurationError(f"env={{{k!r}: ...}} must be a string, got "
                                          f"{type(v).__name__} {v!r}")
             env_items.append((k, v))
+            if _SECRET_NAME.search(k):
+                warnings.warn(
+                    f"env= sends {k} to every host of the slice, inside the job spec; make "
+                    "sure that is intended (secrets are better read on the hosts "
+                    "themselves)", UserWarning, stacklevel=4)
     jt = jax_timeouts or JaxTimeouts()
     for f in dataclasses.fields(jt):
         v = getattr(jt, f.name)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ConfigurationError(f"jax_timeouts.{f.name} must be a positive int of "
                                      f"seconds, got {v!r}")
+    if token is not None:
+        check_token(token, "token=")
+    if tls is not None and not isinstance(tls, TLS):
+        raise ConfigurationError(f"tls= must be a remote_tpu.TLS(ca=...), got {tls!r}")
     return RunOptions(
+        token=token,
+        tls=tls if tls is not None else TLS.from_env(),
         topology=topology,
         hosts=parse_hosts(hosts, topology),
         timeout=_positive("timeout", timeout, "REMOTE_TPU_TIMEOUT"),

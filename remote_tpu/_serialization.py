@@ -18,6 +18,7 @@ distribution) are pickled by value, so the hosts need not have them.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import inspect
 import io
@@ -59,6 +60,12 @@ class Payload:
 
     def to_bytes(self) -> bytes:
         return b"".join(p.tobytes() for p in self.parts)
+
+    def sha256(self) -> bytes:
+        digest = hashlib.sha256()
+        for part in self.parts:
+            digest.update(part)
+        return digest.digest()
 
 
 # --------------------------------------------------------------------------- dump

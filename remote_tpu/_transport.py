@@ -1,12 +1,16 @@
-"""The client's channel to its gateway, and gRPC status -> exception."""
+"""Channels to agents (plaintext or TLS, with the slice token on every call),
+and gRPC status -> exception. Used by the client and by gateways for their peers."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import grpc
 import tenacity
 
-from ._exceptions import (AgentUnavailableError, ConfigurationError, RemoteTPUError,
-                          VersionMismatchError)
+from ._auth import TOKEN_METADATA_KEY, TLS
+from ._exceptions import (AgentUnavailableError, AuthenticationError, ConfigurationError,
+                          RemoteTPUError, SerializationError, VersionMismatchError)
 from ._proto import remote_tpu_pb2 as pb
 from ._proto import remote_tpu_pb2_grpc as pb_grpc
 from ._version import local_versions
@@ -16,8 +20,9 @@ ERROR_KIND_KEY = "remote-tpu-error"
 _KINDS: dict[str, type[RemoteTPUError]] = {
     "version": VersionMismatchError,
     "config": ConfigurationError,
+    "integrity": SerializationError,
 }
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024    # our messages are <= 1 MiB chunks; headroom
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024    # our messages are <= 1 MiB chunks plus a header
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE,)
 
 
@@ -40,8 +45,27 @@ def channel_options() -> list[tuple[str, int]]:
     ]
 
 
-def open_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=channel_options())
+@dataclasses.dataclass(frozen=True)
+class Credentials:
+    """What a caller presents to an agent: the slice token, and TLS settings."""
+
+    token: str | None = None
+    tls: TLS | None = None
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((TOKEN_METADATA_KEY, self.token),) if self.token else ()
+
+    def channel(self, address: str) -> grpc.Channel:
+        options: list = channel_options()
+        if self.tls is None:
+            return grpc.insecure_channel(address, options=options)
+        ca, key, cert = self.tls.read()
+        creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key,
+                                             certificate_chain=cert)
+        if self.tls.server_name:
+            options.append(("grpc.ssl_target_name_override", self.tls.server_name))
+        return grpc.secure_channel(address, creds, options=options)
 
 
 def error_from_rpc(exc: grpc.RpcError, address: str) -> RemoteTPUError:
@@ -55,12 +79,20 @@ def error_from_rpc(exc: grpc.RpcError, address: str) -> RemoteTPUError:
             kind = value
     if kind in _KINDS:
         return _KINDS[kind](details)
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return AuthenticationError(
+            f"the agent at {address} refused this client's credentials ({details}). "
+            "Supply the slice's token: token=..., $REMOTE_TPU_TOKEN, $REMOTE_TPU_TOKEN_FILE, "
+            "or the file ~/.config/remote_tpu/token (made on an agent host by "
+            "`remote-tpu-agent token init`; copy it here with mode 0600).")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return AgentUnavailableError(
             f"no remote_tpu agent answered at {address} ({code.name}: {details}). "
             "Check that `remote-tpu-agent` is running there and that this address and "
             "port reach it (for a slice behind a private network, an SSH tunnel to "
-            "worker 0 is enough); hosts='local' runs a simulated slice on this machine.")
+            "worker 0 is enough); if the agent uses TLS, pass tls=remote_tpu.TLS(ca=...) "
+            "with the CA that signed its certificate. hosts='local' runs a simulated "
+            "slice on this machine.")
     if code == grpc.StatusCode.CANCELLED:
         return AgentUnavailableError(f"the call to the agent at {address} was cancelled: "
                                      f"{details}")
@@ -68,7 +100,8 @@ def error_from_rpc(exc: grpc.RpcError, address: str) -> RemoteTPUError:
     return RemoteTPUError(f"the agent at {address} refused the call ({name}): {details}")
 
 
-def health(address: str, channel: grpc.Channel, *, attempts: int = 3) -> pb.HealthReply:
+def health(address: str, channel: grpc.Channel, credentials: Credentials, *,
+           attempts: int = 3, timeout: float = 5) -> pb.HealthReply:
     """Ask the agent for its versions, retrying only on transient faults."""
     stub = pb_grpc.AgentStub(channel)
     retrying = tenacity.Retrying(
@@ -79,6 +112,7 @@ def health(address: str, channel: grpc.Channel, *, attempts: int = 3) -> pb.Heal
         reraise=True,
     )
     try:
-        return retrying(stub.Health, pb.HealthRequest(), timeout=5)
+        return retrying(stub.Health, pb.HealthRequest(), timeout=timeout,
+                        metadata=credentials.metadata)
     except grpc.RpcError as exc:
         raise error_from_rpc(exc, address) from None

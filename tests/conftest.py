@@ -61,3 +61,19 @@ def no_leftover_workers():
     yield
     assert wait_until(lambda: not live_workers(), timeout=0.5), \
         f"worker processes left behind: {[p.cmdline() for p in live_workers()]}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_config_home(tmp_path_factory):
+    """Agents create a default token file when none is configured: never in the
+    real home of whoever runs the tests."""
+    old = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config-home"))
+    for name in ("REMOTE_TPU_TOKEN", "REMOTE_TPU_TOKEN_FILE", "REMOTE_TPU_TLS_CA",
+                 "REMOTE_TPU_HOSTS"):
+        os.environ.pop(name, None)
+    yield
+    if old is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = old

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -15,7 +16,8 @@ import remote_tpu
 from conftest import live_workers, wait_until
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._transport import error_from_rpc, health, open_channel, versions_pb
+from remote_tpu._auth import TOKEN_ENV, TOKEN_METADATA_KEY, new_token
+from remote_tpu._transport import Credentials, error_from_rpc, health, versions_pb
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,7 +31,10 @@ def _free_port() -> int:
 class Agents:
     """Real `remote-tpu-agent` daemons on loopback, as a user would start them."""
 
-    def __init__(self, n: int, devices: int = 2, peers: bool = True) -> None:
+    def __init__(self, n: int, devices: int = 2, peers: bool = True,
+                 tokens: list[str] | None = None, extra: list[str] | None = None) -> None:
+        self.tokens = tokens or [new_token()] * n
+        self.token = self.tokens[0]
         self.ports = [_free_port() for _ in range(n)]
         self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
         self.procs = []
@@ -39,8 +44,10 @@ class Agents:
                    "--log-level", "WARNING"]
             if peers:
                 cmd += ["--peers", ",".join(self.addresses)]
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                               stderr=subprocess.PIPE, text=True))
+            cmd += extra or []
+            self.procs.append(subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env={**os.environ, TOKEN_ENV: self.tokens[i]}))
         for proc in self.procs:
             line = proc.stdout.readline()
             assert line.startswith("remote-tpu-agent listening on "), proc.stderr.read()
@@ -62,7 +69,8 @@ def two_agents():
 
 def _spec(**overrides) -> pb.JobSpec:
     spec = pb.JobSpec(client_versions=versions_pb(), job_id="probe",
-                      accelerator="tpu-v5litepod-4",
+                      accelerator="tpu-v5litepod-4", payload_sha256=bytes(32),
+                      stream=pb.STREAM_MODE_LEADER,
                       role=pb.ROLE_GATEWAY)
     for key, value in overrides.items():
         if key == "python":
@@ -72,16 +80,18 @@ def _spec(**overrides) -> pb.JobSpec:
     return spec
 
 
-def _refusal(address: str, spec: pb.JobSpec) -> remote_tpu.RemoteTPUError:
+def _refusal(address: str, spec: pb.JobSpec, token: str) -> remote_tpu.RemoteTPUError:
     with grpc.insecure_channel(address) as ch:
         with pytest.raises(grpc.RpcError) as info:
-            list(pb_grpc.AgentStub(ch).Run(iter([pb.RunRequest(spec=spec)])))
+            list(pb_grpc.AgentStub(ch).Run(iter([pb.RunRequest(spec=spec)]),
+                                           metadata=((TOKEN_METADATA_KEY, token),)))
     return error_from_rpc(info.value, address)
 
 
 @pytest.mark.slow
 def test_gateway_address_alone_reaches_its_configured_peers(two_agents):
-    @remote_tpu.run(accelerator="tpu-v5litepod-8", hosts=two_agents.addresses[0])
+    @remote_tpu.run(accelerator="tpu-v5litepod-8", hosts=two_agents.addresses[0],
+                    token=two_agents.token)
     def f():
         # v5litepod-8 is one host; this call must be refused: 2 agents behind the gateway
         return 1
@@ -91,7 +101,8 @@ def test_gateway_address_alone_reaches_its_configured_peers(two_agents):
     assert "tpu-v5litepod-8 has 1 host(s), but the slice behind the agent" in str(info.value)
     assert "has 2" in str(info.value)
 
-    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0])
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0],
+                    token=two_agents.token)
     def g():
         import jax
         import jax.numpy as jnp
@@ -103,35 +114,37 @@ def test_gateway_address_alone_reaches_its_configured_peers(two_agents):
 
 
 def test_worker_other_than_zero_refuses_to_be_gateway(two_agents):
-    err = _refusal(two_agents.addresses[1], _spec(accelerator="tpu-v4-16", num_hosts=2))
+    err = _refusal(two_agents.addresses[1], _spec(accelerator="tpu-v4-16", num_hosts=2),
+                   two_agents.token)
     assert isinstance(err, remote_tpu.ConfigurationError)
     assert f"point hosts= at {two_agents.addresses[0]}" in str(err)
 
 
 def test_health_reports_versions_and_slice(two_agents):
     address = two_agents.addresses[1]
-    with open_channel(address) as ch:
-        reply = health(address, ch)
+    credentials = Credentials(token=two_agents.token)
+    with credentials.channel(address) as ch:
+        reply = health(address, ch, credentials)
     assert reply.versions.remote_tpu == remote_tpu.__version__
     assert reply.worker_id == 1 and list(reply.peers) == two_agents.addresses
     assert reply.simulate_devices == 2
 
 
 def test_python_version_mismatch_names_both_versions(two_agents):
-    err = _refusal(two_agents.addresses[0], _spec(python="3.9.18"))
+    err = _refusal(two_agents.addresses[0], _spec(python="3.9.18"), two_agents.token)
     assert isinstance(err, remote_tpu.VersionMismatchError)
     assert "Python 3.9.18 there" in str(err) and f"{sys.version_info.minor}" in str(err)
 
 
 @pytest.mark.parametrize("job_id", ["../../etc", "", "a/b", "x" * 65])
 def test_job_ids_that_could_escape_the_state_dir_are_refused(two_agents, job_id):
-    err = _refusal(two_agents.addresses[0], _spec(job_id=job_id))
+    err = _refusal(two_agents.addresses[0], _spec(job_id=job_id), two_agents.token)
     assert isinstance(err, remote_tpu.ConfigurationError) and "job id" in str(err)
 
 
 def test_peer_without_coordinator_is_refused(two_agents):
     err = _refusal(two_agents.addresses[1], _spec(role=pb.ROLE_PEER, process_id=1,
-                                                  num_hosts=2))
+                                                  num_hosts=2), two_agents.token)
     assert "coordinator" in str(err)
 
 
@@ -150,7 +163,8 @@ def test_bad_flags_and_busy_port_exit_with_a_message():
 
 @pytest.mark.slow
 def test_stopping_the_gateway_agent_stops_every_worker(two_agents):
-    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0])
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0],
+                    token=two_agents.token)
     def sleeper():
         time.sleep(120)
 
@@ -176,7 +190,8 @@ def test_stopping_the_gateway_agent_stops_every_worker(two_agents):
 
 @pytest.mark.slow
 def test_peer_agent_dying_mid_job_fails_fast_naming_it(two_agents):
-    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0])
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0],
+                    token=two_agents.token)
     def waits():
         import jax
         from jax.experimental import multihost_utils
@@ -206,7 +221,7 @@ def test_unreachable_peer_is_reported_lost():
         agents.procs[1].kill()
         agents.procs[1].wait()
 
-        @remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0])
+        @remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0], token=agents.token)
         def f():
             return 1
 

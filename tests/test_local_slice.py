@@ -17,6 +17,7 @@ import pytest
 import remote_tpu
 from conftest import run_python, wait_until, live_workers
 from remote_tpu._local_slice import get_local_slice
+from remote_tpu._version import PROTOCOL_VERSION
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -311,17 +312,19 @@ def test_version_mismatch_is_reported_with_both_versions():
     from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
     from remote_tpu._transport import error_from_rpc
 
-    address = get_local_slice(remote_tpu.Topology.parse("tpu-v4-8")).addresses[0]
+    local = get_local_slice(remote_tpu.Topology.parse("tpu-v4-8"))
+    address = local.addresses[0]
     spec = pb.JobSpec(client_versions=pb.Versions(protocol=999, remote_tpu="9.9.9",
                                                   python="3.11.0", cloudpickle="3.1.2"),
                       job_id="old-client", accelerator="tpu-v4-8", role=pb.ROLE_GATEWAY)
     with grpc.insecure_channel(address) as ch:
         with pytest.raises(grpc.RpcError) as info:
-            list(pb_grpc.AgentStub(ch).Run(iter([pb.RunRequest(spec=spec)])))
+            list(pb_grpc.AgentStub(ch).Run(iter([pb.RunRequest(spec=spec)]),
+                                           metadata=local.credentials.metadata))
     err = error_from_rpc(info.value, address)
     assert isinstance(err, remote_tpu.VersionMismatchError)
     assert "protocol 999 (remote_tpu 9.9.9)" in str(err)
-    assert f"protocol 1 (remote_tpu {remote_tpu.__version__})" in str(err)
+    assert f"protocol {PROTOCOL_VERSION} (remote_tpu {remote_tpu.__version__})" in str(err)
 
 
 def test_unreachable_gateway_is_a_clear_error():

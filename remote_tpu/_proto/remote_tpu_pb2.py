@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10remote_tpu.proto\x12\rremote_tpu.v1\"b\n\x08Versions\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x12\n\nremote_tpu\x18\x02 \x01(\t\x12\x0e\n\x06python\x18\x03 \x01(\t\x12\x13\n\x0b\x63loudpickle\x18\x04 \x01(\t\x12\x0b\n\x03jax\x18\x05 \x01(\t\"\x0f\n\rHealthRequest\"\x8b\x01\n\x0bHealthReply\x12)\n\x08versions\x18\x01 \x01(\x0b\x32\x17.remote_tpu.v1.Versions\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\r\x12\r\n\x05peers\x18\x04 \x03(\t\x12\x18\n\x10simulate_devices\x18\x05 \x01(\r\"b\n\x0bJaxTimeouts\x12\x1e\n\x16initialization_seconds\x18\x01 \x01(\r\x12\x19\n\x11heartbeat_seconds\x18\x02 \x01(\r\x12\x18\n\x10shutdown_seconds\x18\x03 \x01(\r\"\xd6\x03\n\x07JobSpec\x12\x30\n\x0f\x63lient_versions\x18\x01 \x01(\x0b\x32\x17.remote_tpu.v1.Versions\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x03 \x01(\t\x12\x11\n\tnum_hosts\x18\x04 \x01(\r\x12!\n\x04role\x18\x05 \x01(\x0e\x32\x13.remote_tpu.v1.Role\x12\r\n\x05hosts\x18\x06 \x03(\t\x12\x12\n\nprocess_id\x18\x07 \x01(\r\x12\x1b\n\x13\x63oordinator_address\x18\x08 \x01(\t\x12)\n\x06stream\x18\t \x01(\x0e\x32\x19.remote_tpu.v1.StreamMode\x12,\n\x03\x65nv\x18\n \x03(\x0b\x32\x1f.remote_tpu.v1.JobSpec.EnvEntry\x12\x17\n\x0ftimeout_seconds\x18\x0b \x01(\x01\x12\x30\n\x0cjax_timeouts\x18\x0c \x01(\x0b\x32\x1a.remote_tpu.v1.JaxTimeouts\x12\x14\n\x0cpayload_size\x18\r \x01(\x04\x12\x18\n\x10\x64\x65vices_per_host\x18\x0e \x01(\r\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x80\x01\n\nRunRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x16.remote_tpu.v1.JobSpecH\x00\x12\x17\n\rpayload_chunk\x18\x02 \x01(\x0cH\x00\x12)\n\x07\x63ontrol\x18\x03 \x01(\x0e\x32\x16.remote_tpu.v1.ControlH\x00\x42\x06\n\x04kind\"C\n\x06Output\x12+\n\x06stream\x18\x01 \x01(\x0e\x32\x1b.remote_tpu.v1.OutputStream\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"Y\n\x0fRemoteException\x12\x11\n\ttype_name\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x0f\n\x07pickled\x18\x04 \x01(\x0c\"\xe2\x01\n\nHostReport\x12\x0c\n\x04host\x18\x01 \x01(\r\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.remote_tpu.v1.HostState\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x0e\n\x06signal\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x12\n\nlast_lines\x18\x06 \x03(\t\x12\x31\n\texception\x18\x07 \x01(\x0b\x32\x1e.remote_tpu.v1.RemoteException\x12\x13\n\x0b\x66inished_at\x18\x08 \x01(\x01\x12\x0e\n\x06\x65xited\x18\t \x01(\x08\"\x83\x01\n\x06JobEnd\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.remote_tpu.v1.JobState\x12\x17\n\x0froot_cause_host\x18\x02 \x01(\x05\x12(\n\x05hosts\x18\x03 \x03(\x0b\x32\x19.remote_tpu.v1.HostReport\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"C\n\x07Started\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x1b\n\x13\x63oordinator_address\x18\x03 \x01(\t\"\x87\x02\n\x05\x45vent\x12\x0c\n\x04host\x18\x01 \x01(\r\x12)\n\x07started\x18\x02 \x01(\x0b\x32\x16.remote_tpu.v1.StartedH\x00\x12\'\n\x06output\x18\x03 \x01(\x0b\x32\x15.remote_tpu.v1.OutputH\x00\x12)\n\x04\x64one\x18\x04 \x01(\x0b\x32\x19.remote_tpu.v1.HostReportH\x00\x12+\n\x06\x65xited\x18\x05 \x01(\x0b\x32\x19.remote_tpu.v1.HostReportH\x00\x12\x16\n\x0cresult_chunk\x18\x06 \x01(\x0cH\x00\x12$\n\x03\x65nd\x18\x07 \x01(\x0b\x32\x15.remote_tpu.v1.JobEndH\x00\x42\x06\n\x04kind*=\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_GATEWAY\x10\x01\x12\r\n\tROLE_PEER\x10\x02*l\n\nStreamMode\x12\x1b\n\x17STREAM_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12STREAM_MODE_LEADER\x10\x01\x12\x13\n\x0fSTREAM_MODE_ALL\x10\x02\x12\x14\n\x10STREAM_MODE_NONE\x10\x03*K\n\x07\x43ontrol\x12\x17\n\x13\x43ONTROL_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43ONTROL_RELEASE\x10\x01\x12\x12\n\x0e\x43ONTROL_CANCEL\x10\x02*a\n\x0cOutputStream\x12\x1d\n\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n\x14OUTPUT_STREAM_STDERR\x10\x02*\xcc\x01\n\tHostState\x12\x1a\n\x16HOST_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12HOST_STATE_PENDING\x10\x01\x12\x16\n\x12HOST_STATE_RUNNING\x10\x02\x12\x18\n\x14HOST_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11HOST_STATE_FAILED\x10\x04\x12\x13\n\x0fHOST_STATE_DIED\x10\x05\x12\x18\n\x14HOST_STATE_CANCELLED\x10\x06\x12\x13\n\x0fHOST_STATE_LOST\x10\x07*\x86\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x01\x12\x14\n\x10JOB_STATE_FAILED\x10\x02\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x03\x12\x17\n\x13JOB_STATE_TIMED_OUT\x10\x04\x32\x87\x01\n\x05\x41gent\x12\x42\n\x06Health\x12\x1c.remote_tpu.v1.HealthRequest\x1a\x1a.remote_tpu.v1.HealthReply\x12:\n\x03Run\x12\x19.remote_tpu.v1.RunRequest\x1a\x14.remote_tpu.v1.Event(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10remote_tpu.proto\x12\rremote_tpu.v1\"b\n\x08Versions\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x12\n\nremote_tpu\x18\x02 \x01(\t\x12\x0e\n\x06python\x18\x03 \x01(\t\x12\x13\n\x0b\x63loudpickle\x18\x04 \x01(\t\x12\x0b\n\x03jax\x18\x05 \x01(\t\"\x0f\n\rHealthRequest\"\x8b\x01\n\x0bHealthReply\x12)\n\x08versions\x18\x01 \x01(\x0b\x32\x17.remote_tpu.v1.Versions\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\r\x12\r\n\x05peers\x18\x04 \x03(\t\x12\x18\n\x10simulate_devices\x18\x05 \x01(\r\"b\n\x0bJaxTimeouts\x12\x1e\n\x16initialization_seconds\x18\x01 \x01(\r\x12\x19\n\x11heartbeat_seconds\x18\x02 \x01(\r\x12\x18\n\x10shutdown_seconds\x18\x03 \x01(\r\"\xee\x03\n\x07JobSpec\x12\x30\n\x0f\x63lient_versions\x18\x01 \x01(\x0b\x32\x17.remote_tpu.v1.Versions\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x03 \x01(\t\x12\x11\n\tnum_hosts\x18\x04 \x01(\r\x12!\n\x04role\x18\x05 \x01(\x0e\x32\x13.remote_tpu.v1.Role\x12\r\n\x05hosts\x18\x06 \x03(\t\x12\x12\n\nprocess_id\x18\x07 \x01(\r\x12\x1b\n\x13\x63oordinator_address\x18\x08 \x01(\t\x12)\n\x06stream\x18\t \x01(\x0e\x32\x19.remote_tpu.v1.StreamMode\x12,\n\x03\x65nv\x18\n \x03(\x0b\x32\x1f.remote_tpu.v1.JobSpec.EnvEntry\x12\x17\n\x0ftimeout_seconds\x18\x0b \x01(\x01\x12\x30\n\x0cjax_timeouts\x18\x0c \x01(\x0b\x32\x1a.remote_tpu.v1.JaxTimeouts\x12\x14\n\x0cpayload_size\x18\r \x01(\x04\x12\x18\n\x10\x64\x65vices_per_host\x18\x0e \x01(\r\x12\x16\n\x0epayload_sha256\x18\x0f \x01(\x0c\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x80\x01\n\nRunRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x16.remote_tpu.v1.JobSpecH\x00\x12\x17\n\rpayload_chunk\x18\x02 \x01(\x0cH\x00\x12)\n\x07\x63ontrol\x18\x03 \x01(\x0e\x32\x16.remote_tpu.v1.ControlH\x00\x42\x06\n\x04kind\"C\n\x06Output\x12+\n\x06stream\x18\x01 \x01(\x0e\x32\x1b.remote_tpu.v1.OutputStream\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"Y\n\x0fRemoteException\x12\x11\n\ttype_name\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x0f\n\x07pickled\x18\x04 \x01(\x0c\"\xe2\x01\n\nHostReport\x12\x0c\n\x04host\x18\x01 \x01(\r\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.remote_tpu.v1.HostState\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x0e\n\x06signal\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x12\n\nlast_lines\x18\x06 \x03(\t\x12\x31\n\texception\x18\x07 \x01(\x0b\x32\x1e.remote_tpu.v1.RemoteException\x12\x13\n\x0b\x66inished_at\x18\x08 \x01(\x01\x12\x0e\n\x06\x65xited\x18\t \x01(\x08\"\x9a\x01\n\x06JobEnd\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.remote_tpu.v1.JobState\x12\x17\n\x0froot_cause_host\x18\x02 \x01(\x05\x12(\n\x05hosts\x18\x03 \x03(\x0b\x32\x19.remote_tpu.v1.HostReport\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x15\n\rresult_sha256\x18\x05 \x01(\x0c\"C\n\x07Started\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x1b\n\x13\x63oordinator_address\x18\x03 \x01(\t\"\x87\x02\n\x05\x45vent\x12\x0c\n\x04host\x18\x01 \x01(\r\x12)\n\x07started\x18\x02 \x01(\x0b\x32\x16.remote_tpu.v1.StartedH\x00\x12\'\n\x06output\x18\x03 \x01(\x0b\x32\x15.remote_tpu.v1.OutputH\x00\x12)\n\x04\x64one\x18\x04 \x01(\x0b\x32\x19.remote_tpu.v1.HostReportH\x00\x12+\n\x06\x65xited\x18\x05 \x01(\x0b\x32\x19.remote_tpu.v1.HostReportH\x00\x12\x16\n\x0cresult_chunk\x18\x06 \x01(\x0cH\x00\x12$\n\x03\x65nd\x18\x07 \x01(\x0b\x32\x15.remote_tpu.v1.JobEndH\x00\x42\x06\n\x04kind*=\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_GATEWAY\x10\x01\x12\r\n\tROLE_PEER\x10\x02*l\n\nStreamMode\x12\x1b\n\x17STREAM_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12STREAM_MODE_LEADER\x10\x01\x12\x13\n\x0fSTREAM_MODE_ALL\x10\x02\x12\x14\n\x10STREAM_MODE_NONE\x10\x03*K\n\x07\x43ontrol\x12\x17\n\x13\x43ONTROL_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43ONTROL_RELEASE\x10\x01\x12\x12\n\x0e\x43ONTROL_CANCEL\x10\x02*a\n\x0cOutputStream\x12\x1d\n\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n\x14OUTPUT_STREAM_STDERR\x10\x02*\xcc\x01\n\tHostState\x12\x1a\n\x16HOST_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12HOST_STATE_PENDING\x10\x01\x12\x16\n\x12HOST_STATE_RUNNING\x10\x02\x12\x18\n\x14HOST_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11HOST_STATE_FAILED\x10\x04\x12\x13\n\x0fHOST_STATE_DIED\x10\x05\x12\x18\n\x14HOST_STATE_CANCELLED\x10\x06\x12\x13\n\x0fHOST_STATE_LOST\x10\x07*\x86\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x01\x12\x14\n\x10JOB_STATE_FAILED\x10\x02\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x03\x12\x17\n\x13JOB_STATE_TIMED_OUT\x10\x04\x32\x87\x01\n\x05\x41gent\x12\x42\n\x06Health\x12\x1c.remote_tpu.v1.HealthRequest\x1a\x1a.remote_tpu.v1.HealthReply\x12:\n\x03Run\x12\x19.remote_tpu.v1.RunRequest\x1a\x14.remote_tpu.v1.Event(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBSPEC_ENVENTRY']._loaded_options = None
   _globals['_JOBSPEC_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_ROLE']._serialized_start=1856
-  _globals['_ROLE']._serialized_end=1917
-  _globals['_STREAMMODE']._serialized_start=1919
-  _globals['_STREAMMODE']._serialized_end=2027
-  _globals['_CONTROL']._serialized_start=2029
-  _globals['_CONTROL']._serialized_end=2104
-  _globals['_OUTPUTSTREAM']._serialized_start=2106
-  _globals['_OUTPUTSTREAM']._serialized_end=2203
-  _globals['_HOSTSTATE']._serialized_start=2206
-  _globals['_HOSTSTATE']._serialized_end=2410
-  _globals['_JOBSTATE']._serialized_start=2413
-  _globals['_JOBSTATE']._serialized_end=2547
+  _globals['_ROLE']._serialized_start=1903
+  _globals['_ROLE']._serialized_end=1964
+  _globals['_STREAMMODE']._serialized_start=1966
+  _globals['_STREAMMODE']._serialized_end=2074
+  _globals['_CONTROL']._serialized_start=2076
+  _globals['_CONTROL']._serialized_end=2151
+  _globals['_OUTPUTSTREAM']._serialized_start=2153
+  _globals['_OUTPUTSTREAM']._serialized_end=2250
+  _globals['_HOSTSTATE']._serialized_start=2253
+  _globals['_HOSTSTATE']._serialized_end=2457
+  _globals['_JOBSTATE']._serialized_start=2460
+  _globals['_JOBSTATE']._serialized_end=2594
   _globals['_VERSIONS']._serialized_start=35
   _globals['_VERSIONS']._serialized_end=133
   _globals['_HEALTHREQUEST']._serialized_start=135
@@ -54,23 +54,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JAXTIMEOUTS']._serialized_start=294
   _globals['_JAXTIMEOUTS']._serialized_end=392
   _globals['_JOBSPEC']._serialized_start=395
-  _globals['_JOBSPEC']._serialized_end=865
-  _globals['_JOBSPEC_ENVENTRY']._serialized_start=823
-  _globals['_JOBSPEC_ENVENTRY']._serialized_end=865
-  _globals['_RUNREQUEST']._serialized_start=868
-  _globals['_RUNREQUEST']._serialized_end=996
-  _globals['_OUTPUT']._serialized_start=998
-  _globals['_OUTPUT']._serialized_end=1065
-  _globals['_REMOTEEXCEPTION']._serialized_start=1067
-  _globals['_REMOTEEXCEPTION']._serialized_end=1156
-  _globals['_HOSTREPORT']._serialized_start=1159
-  _globals['_HOSTREPORT']._serialized_end=1385
-  _globals['_JOBEND']._serialized_start=1388
-  _globals['_JOBEND']._serialized_end=1519
-  _globals['_STARTED']._serialized_start=1521
-  _globals['_STARTED']._serialized_end=1588
-  _globals['_EVENT']._serialized_start=1591
-  _globals['_EVENT']._serialized_end=1854
-  _globals['_AGENT']._serialized_start=2550
-  _globals['_AGENT']._serialized_end=2685
+  _globals['_JOBSPEC']._serialized_end=889
+  _globals['_JOBSPEC_ENVENTRY']._serialized_start=847
+  _globals['_JOBSPEC_ENVENTRY']._serialized_end=889
+  _globals['_RUNREQUEST']._serialized_start=892
+  _globals['_RUNREQUEST']._serialized_end=1020
+  _globals['_OUTPUT']._serialized_start=1022
+  _globals['_OUTPUT']._serialized_end=1089
+  _globals['_REMOTEEXCEPTION']._serialized_start=1091
+  _globals['_REMOTEEXCEPTION']._serialized_end=1180
+  _globals['_HOSTREPORT']._serialized_start=1183
+  _globals['_HOSTREPORT']._serialized_end=1409
+  _globals['_JOBEND']._serialized_start=1412
+  _globals['_JOBEND']._serialized_end=1566
+  _globals['_STARTED']._serialized_start=1568
+  _globals['_STARTED']._serialized_end=1635
+  _globals['_EVENT']._serialized_start=1638
+  _globals['_EVENT']._serialized_end=1901
+  _globals['_AGENT']._serialized_start=2597
+  _globals['_AGENT']._serialized_end=2732
 # @@protoc_insertion_point(module_scope)
