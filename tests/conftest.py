@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
 import pytest
+
+from remote_tpu._auth import TOKEN_ENV, new_token
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,6 +58,59 @@ def run_python(code: str, timeout: float = 120, **kwargs) -> subprocess.Complete
     """Run ``code`` in a fresh interpreter (its own __main__), capturing output."""
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout, cwd=kwargs.pop("cwd", ROOT), **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Agents:
+    """Real `remote-tpu-agent` daemons on loopback, as a user would start them."""
+
+    def __init__(self, n: int, devices: int = 2, peers: bool = True,
+                 tokens: list[str] | None = None, extra: list[str] | None = None) -> None:
+        self.tokens = tokens or [new_token()] * n
+        self.token = self.tokens[0]
+        self.ports = [free_port() for _ in range(n)]
+        self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
+        self.procs = []
+        self.logs = []
+        self.state_dirs = [tempfile.mkdtemp(prefix=f"agent-{i}-state-") for i in range(n)]
+        for i, port in enumerate(self.ports):
+            cmd = [sys.executable, "-m", "remote_tpu_agent", "--port", str(port),
+                   "--worker-id", str(i), "--simulate-devices", str(devices),
+                   "--state-dir", self.state_dirs[i], "--log-level", "WARNING"]
+            if peers:
+                cmd += ["--peers", ",".join(self.addresses)]
+            cmd += extra or []
+            log = tempfile.NamedTemporaryFile(prefix=f"agent-{i}-", suffix=".log", delete=False)
+            self.logs.append(log.name)
+            self.procs.append(subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                env={**os.environ, TOKEN_ENV: self.tokens[i]}))
+            log.close()
+        for proc, log in zip(self.procs, self.logs):
+            line = proc.stdout.readline()
+            assert line.startswith("remote-tpu-agent listening on "), self.log(log)
+
+    @staticmethod
+    def log(path: str) -> str:
+        with open(path, errors="replace") as f:
+            return f.read()
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            proc.wait(10)
+            proc.stdout.close()
+        for path in self.logs:
+            os.unlink(path)
+        for path in self.state_dirs:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

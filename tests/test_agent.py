@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -13,51 +12,13 @@ import grpc
 import pytest
 
 import remote_tpu
-from conftest import live_workers, wait_until
+from conftest import Agents, live_workers, wait_until
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._auth import TOKEN_ENV, TOKEN_METADATA_KEY, new_token
+from remote_tpu._auth import TOKEN_METADATA_KEY
 from remote_tpu._transport import Credentials, error_from_rpc, health, versions_pb
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Agents:
-    """Real `remote-tpu-agent` daemons on loopback, as a user would start them."""
-
-    def __init__(self, n: int, devices: int = 2, peers: bool = True,
-                 tokens: list[str] | None = None, extra: list[str] | None = None) -> None:
-        self.tokens = tokens or [new_token()] * n
-        self.token = self.tokens[0]
-        self.ports = [_free_port() for _ in range(n)]
-        self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
-        self.procs = []
-        for i, port in enumerate(self.ports):
-            cmd = [sys.executable, "-m", "remote_tpu_agent", "--port", str(port),
-                   "--worker-id", str(i), "--simulate-devices", str(devices),
-                   "--log-level", "WARNING"]
-            if peers:
-                cmd += ["--peers", ",".join(self.addresses)]
-            cmd += extra or []
-            self.procs.append(subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env={**os.environ, TOKEN_ENV: self.tokens[i]}))
-        for proc in self.procs:
-            line = proc.stdout.readline()
-            assert line.startswith("remote-tpu-agent listening on "), proc.stderr.read()
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            proc.wait(10)
 
 
 @pytest.fixture
@@ -193,7 +154,6 @@ def test_peer_agent_dying_mid_job_fails_fast_naming_it(two_agents):
     @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0],
                     token=two_agents.token)
     def waits():
-        import jax
         from jax.experimental import multihost_utils
         print("in the job", flush=True)
         multihost_utils.sync_global_devices("started")

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import remote_tpu
-from conftest import run_python, wait_until, live_workers
+from conftest import live_workers, wait_until
 from remote_tpu._local_slice import get_local_slice
 from remote_tpu._version import PROTOCOL_VERSION
 
@@ -88,7 +88,6 @@ def test_stream_all_prefixes_hosts_and_none_hides_everything(capfd):
 def test_environment_of_the_worker():
     @remote_tpu.run(env={"MY_SETTING": "on"}, **V4_16)
     def f():
-        import jax
         keys = ("MY_SETTING", "REMOTE_TPU_JOB_ID", "REMOTE_TPU_HOST_INDEX",
                 "JAX_PLATFORMS", "JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES")
         return {k: os.environ.get(k) for k in keys} | {"pgid": os.getpgrp() == os.getpid()}
@@ -193,7 +192,7 @@ def test_dead_worker_is_reported_with_its_exit_and_last_lines(how, detail,
     err = info.value
     assert err.host == 1
     msg = str(err)
-    assert f"host 1 of 2 (tpu-v4-16, job f-" in msg and detail in msg
+    assert "host 1 of 2 (tpu-v4-16, job f-" in msg and detail in msg
     assert "| last words of host 1" in msg
     assert "host 0: cancelled" in msg
 

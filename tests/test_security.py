@@ -1,0 +1,402 @@
+"""Nobody without the slice's credentials can make an agent do anything; hostile
+or broken input never takes an agent down. Real agents, real TLS, real gRPC."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+import warnings
+
+import grpc
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import remote_tpu
+from certs import CA
+from conftest import Agents
+from remote_tpu._auth import TOKEN_METADATA_KEY, new_token
+from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
+from remote_tpu._transport import Credentials, error_from_rpc, health, versions_pb
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _marks(tmp_path):
+    return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ran-on-"))
+
+
+def _marking(tmp_path, **run_kwargs):
+    @remote_tpu.run(**run_kwargs)
+    def leave_mark():
+        import jax
+        (tmp_path / f"ran-on-{jax.process_index()}").touch()
+        return "ran"
+    return leave_mark
+
+
+@pytest.fixture(scope="module")
+def slice_a():
+    agents = Agents(2)
+    yield agents
+    agents.stop()
+
+
+# ----------------------------------------------------------------- tokens
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token-0123456789", "other"])
+def test_client_without_the_slice_token_is_refused_and_nothing_runs(slice_a, tmp_path, token):
+    if token == "other":
+        token = new_token()           # a valid token, of another slice
+    f = _marking(tmp_path, accelerator="tpu-v4-16", hosts=slice_a.addresses[0], token=token)
+    with pytest.raises(remote_tpu.AuthenticationError) as info:
+        f()
+    msg = str(info.value)
+    assert "refused this client's credentials" in msg and "REMOTE_TPU_TOKEN" in msg
+    assert "remote-tpu-agent token init" in msg
+    assert _marks(tmp_path) == []
+
+
+def test_health_needs_the_token_too(slice_a):
+    address = slice_a.addresses[0]
+    anonymous = Credentials()
+    with anonymous.channel(address) as ch:
+        with pytest.raises(remote_tpu.AuthenticationError):
+            health(address, ch, anonymous)
+
+
+def test_token_from_environment_and_file(slice_a, tmp_path, monkeypatch):
+    f = _marking(tmp_path, accelerator="tpu-v4-16", hosts=slice_a.addresses[0])
+    monkeypatch.setenv("REMOTE_TPU_TOKEN", slice_a.token)
+    assert f() == "ran"
+    monkeypatch.delenv("REMOTE_TPU_TOKEN")
+    token_file = tmp_path / "token"
+    token_file.write_text(slice_a.token + "\n")
+    token_file.chmod(0o644)
+    monkeypatch.setenv("REMOTE_TPU_TOKEN_FILE", str(token_file))
+    with pytest.raises(remote_tpu.ConfigurationError, match="chmod 600"):
+        f()
+    token_file.chmod(0o600)
+    assert f() == "ran"
+
+
+@pytest.mark.slow
+def test_gateway_with_another_slices_token_is_refused_by_the_peer(tmp_path):
+    agents = Agents(2, tokens=[new_token(), new_token()])
+    try:
+        f = _marking(tmp_path, accelerator="tpu-v4-16", hosts=agents.addresses[0],
+                     token=agents.tokens[0])
+        with pytest.raises(remote_tpu.JobFailedError) as info:
+            f()
+        err = info.value
+        assert err.host == 1
+        assert f"agent at {agents.addresses[1]} cannot take the job" in str(err)
+        assert "refused this client's credentials" in str(err)
+        assert "host 0: never started" in str(err)
+        assert _marks(tmp_path) == []      # not even the gateway's own host ran it
+    finally:
+        agents.stop()
+
+
+def test_token_init_creates_a_private_file_once(tmp_path):
+    path = tmp_path / "cfg" / "token"
+    cmd = [sys.executable, "-m", "remote_tpu_agent", "token", "init", "--path", str(path)]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert first.returncode == 0, first.stderr
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(path.read_text().strip()) >= 32
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert again.returncode == 1 and "already exists; pass --force" in again.stderr
+    forced = subprocess.run(cmd + ["--force"], capture_output=True, text=True, timeout=30)
+    assert forced.returncode == 0
+
+
+def test_agent_refuses_a_token_file_others_can_read(tmp_path):
+    path = tmp_path / "token"
+    path.write_text(new_token())
+    path.chmod(0o640)
+    proc = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--port", "0",
+                           "--token-file", str(path)], capture_output=True, text=True,
+                          timeout=30)
+    assert proc.returncode == 2 and f"chmod 600 {path}" in proc.stderr
+
+
+# -------------------------------------------------------------------- TLS
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ca, rogue = CA(d, "slice-ca"), CA(d, "rogue-ca")
+    return {"ca": ca, "rogue": rogue, "server": ca.issue("agent", server=True),
+            "client": ca.issue("client", server=False),
+            "rogue_client": rogue.issue("rogue-client", server=False)}
+
+
+def _tls_agents(pki, mtls: bool) -> Agents:
+    cert, key = pki["server"]
+    extra = ["--tls-cert", cert, "--tls-key", key, "--tls-ca", str(pki["ca"].path)]
+    return Agents(1, extra=extra + (["--mtls"] if mtls else []), peers=False)
+
+
+@pytest.mark.slow
+def test_tls_client_verifies_the_agent_against_its_ca(pki, tmp_path):
+    agents = _tls_agents(pki, mtls=False)
+    try:
+        kw = dict(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0], token=agents.token)
+        ok = _marking(tmp_path, tls=remote_tpu.TLS(ca=str(pki["ca"].path)), **kw)
+        assert ok() == "ran"
+        forged = _marking(tmp_path, tls=remote_tpu.TLS(ca=str(pki["rogue"].path)), **kw)
+        with pytest.raises(remote_tpu.AgentUnavailableError, match="TLS"):
+            forged()
+        plaintext = _marking(tmp_path, **kw)
+        with pytest.raises(remote_tpu.AgentUnavailableError):
+            plaintext()
+        assert _marks(tmp_path) == ["ran-on-0"]
+    finally:
+        agents.stop()
+
+
+@pytest.mark.slow
+def test_mutual_tls_refuses_clients_without_a_certificate_from_the_ca(pki, tmp_path):
+    agents = _tls_agents(pki, mtls=True)
+    ca = str(pki["ca"].path)
+    kw = dict(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0], token=agents.token)
+    try:
+        for tls in (remote_tpu.TLS(ca=ca),
+                    remote_tpu.TLS(ca=ca, cert=pki["rogue_client"][0],
+                                   key=pki["rogue_client"][1])):
+            with pytest.raises(remote_tpu.AgentUnavailableError):
+                _marking(tmp_path, tls=tls, **kw)()
+        assert _marks(tmp_path) == []
+        cert, key = pki["client"]
+        assert _marking(tmp_path, tls=remote_tpu.TLS(ca=ca, cert=cert, key=key), **kw)() == "ran"
+    finally:
+        agents.stop()
+
+
+def test_tls_options_are_checked_early(tmp_path):
+    with pytest.raises(remote_tpu.ConfigurationError, match="no such file"):
+        remote_tpu.TLS(ca=str(tmp_path / "missing.pem"))
+    (tmp_path / "ca.pem").write_text("x")
+    with pytest.raises(remote_tpu.ConfigurationError, match="both a certificate and its key"):
+        remote_tpu.TLS(ca=str(tmp_path / "ca.pem"), cert=str(tmp_path / "ca.pem"))
+
+
+# ------------------------------------------------------------ exposed binds
+
+
+def _start(args, timeout=30):
+    return subprocess.run([sys.executable, "-m", "remote_tpu_agent", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_non_loopback_bind_needs_tls_and_token_or_insecure(pki, tmp_path):
+    proc = _start(["--host", "0.0.0.0", "--port", "0"])
+    assert proc.returncode == 2
+    assert "refusing to listen on 0.0.0.0 without TLS and a token" in proc.stderr
+    assert "--insecure" in proc.stderr
+    cert, key = pki["server"]
+    proc = subprocess.Popen([sys.executable, "-m", "remote_tpu_agent", "--host", "0.0.0.0",
+                             "--port", "0", "--tls-cert", cert, "--tls-key", key],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("remote-tpu-agent listening on 0.0.0.0:")
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    proc = subprocess.Popen([sys.executable, "-m", "remote_tpu_agent", "--host", "0.0.0.0",
+                             "--port", "0", "--insecure"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("remote-tpu-agent listening on")
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "*** INSECURE" in err
+
+
+# ------------------------------------------------------- hostile input
+
+
+def _stub(address):
+    channel = grpc.insecure_channel(address)
+    return channel, pb_grpc.AgentStub(channel)
+
+
+def _run_raw(address, token, requests):
+    channel, stub = _stub(address)
+    with channel:
+        return list(stub.Run(iter(requests), metadata=((TOKEN_METADATA_KEY, token),)))
+
+
+def _spec(payload: bytes, **fields) -> pb.JobSpec:
+    spec = pb.JobSpec(client_versions=versions_pb(), job_id=f"raw-{time.monotonic_ns()}",
+                      accelerator="tpu-v5litepod-4", role=pb.ROLE_GATEWAY,
+                      stream=pb.STREAM_MODE_LEADER, payload_size=len(payload),
+                      payload_sha256=hashlib.sha256(payload).digest())
+    for k, v in fields.items():
+        setattr(spec, k, v)
+    return spec
+
+
+@pytest.fixture(scope="module")
+def lone_agent():
+    agents = Agents(1, peers=False)
+    yield agents
+    agents.stop()
+
+
+def _works(agents) -> bool:
+    f = remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0],
+                       token=agents.token)(lambda: 41 + 1)
+    return f() == 42
+
+
+@pytest.mark.slow
+def test_garbage_pickle_is_a_clear_error_naming_the_host_and_the_agent_carries_on(lone_agent):
+    garbage = b"RTPU this is not a pickle at all"
+    events = _run_raw(lone_agent.addresses[0], lone_agent.token,
+                      [pb.RunRequest(spec=_spec(garbage)), pb.RunRequest(payload_chunk=garbage)])
+    end = events[-1].end
+    assert end.state == pb.JOB_STATE_FAILED and end.root_cause_host == 0
+    exc = end.hosts[0].exception
+    assert exc.type_name.endswith("SerializationError")
+    assert "not a remote_tpu envelope" in exc.message
+    assert _works(lone_agent)
+
+
+def test_wrong_digest_truncated_and_oversize_payloads_are_refused(lone_agent, tmp_path):
+    address, token = lone_agent.addresses[0], lone_agent.token
+    payload = b"x" * 1000
+    cases = [
+        ([pb.RunRequest(spec=_spec(payload, payload_sha256=bytes(32))),
+          pb.RunRequest(payload_chunk=payload)], "does not match its SHA-256"),
+        ([pb.RunRequest(spec=_spec(payload)), pb.RunRequest(payload_chunk=payload[:10])],
+         "payload truncated: got 10 of 1000 bytes"),
+        ([pb.RunRequest(spec=_spec(payload)), pb.RunRequest(payload_chunk=payload * 2)],
+         "longer than the announced 1000 bytes"),
+        ([pb.RunRequest(spec=_spec(payload, payload_size=1 << 40))],
+         "over this agent's limit"),
+        ([pb.RunRequest(spec=_spec(payload, stream=77))], "unknown stream mode 77"),
+        ([pb.RunRequest(spec=_spec(payload, role=9))], "unknown role 9"),
+        ([pb.RunRequest(payload_chunk=payload)], "must start with a JobSpec"),
+        ([pb.RunRequest(spec=_spec(payload, payload_sha256=b""))], "no SHA-256 digest"),
+    ]
+    for requests, message in cases:
+        with pytest.raises(grpc.RpcError) as info:
+            _run_raw(address, token, requests)
+        assert message in str(error_from_rpc(info.value, address)), message
+    with pytest.raises(grpc.RpcError) as info:    # one message over the size limit
+        _run_raw(address, token, [pb.RunRequest(payload_chunk=b"y" * (5 << 20))])
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    jobs = os.path.join(lone_agent.state_dirs[0], "jobs")
+    assert not os.path.exists(jobs) or not os.listdir(jobs), "a refused job left files"
+
+
+def test_client_payload_over_the_agents_limit_says_so(tmp_path):
+    agents = Agents(1, peers=False, extra=["--max-payload-bytes", "100000"])
+    try:
+        f = remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0],
+                           token=agents.token)(len)
+        with pytest.raises(remote_tpu.ConfigurationError, match="over this agent's limit of "
+                                                                "100000 bytes"):
+            f(b"z" * 200_000)
+    finally:
+        agents.stop()
+
+
+def _rss(agents) -> int:
+    return psutil.Process(agents.procs[0].pid).memory_info().rss
+
+
+@pytest.mark.slow
+def test_fuzzing_the_agent_port_leaves_it_up_and_bounded(lone_agent):
+    address, token = lone_agent.addresses[0], lone_agent.token
+    host, port = address.rsplit(":", 1)
+    channel = grpc.insecure_channel(address)
+    raw_run = channel.stream_stream("/remote_tpu.v1.Agent/Run",
+                                    request_serializer=lambda b: b,
+                                    response_deserializer=lambda b: b)
+    raw_health = channel.unary_unary("/remote_tpu.v1.Agent/Health",
+                                     request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)
+    valid = pb.RunRequest(spec=_spec(b"", accelerator="tpu-v4-16")).SerializeToString()
+    _works(lone_agent)
+    rss_before = _rss(lone_agent)
+    deadline = time.monotonic() + 60
+    poked: dict[str, int] = {}
+
+    @settings(max_examples=1500, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(kind=st.sampled_from(["tcp", "run", "mutated", "health"]),
+           data=st.binary(max_size=512), flips=st.lists(st.integers(0, 8 * len(valid) - 1),
+                                                         min_size=1, max_size=4))
+    def poke(kind, data, flips):
+        if time.monotonic() > deadline:
+            return
+        poked[kind] = poked.get(kind, 0) + 1
+        if kind == "tcp":          # raw bytes, no HTTP/2 at all
+            with socket.create_connection((host, int(port)), timeout=2) as s:
+                s.sendall(data)
+            return
+        if kind == "health":
+            message = data
+        elif kind == "run":
+            message = data
+        else:                      # a valid spec with a few bits flipped
+            b = bytearray(valid)
+            for bit in flips:
+                b[bit // 8] ^= 1 << (bit % 8)
+            message = bytes(b)
+        md = ((TOKEN_METADATA_KEY, token),)
+        try:
+            if kind == "health":
+                raw_health(message, metadata=md, timeout=5)
+            else:
+                list(raw_run(iter([message]), metadata=md, timeout=10))
+        except grpc.RpcError:
+            pass
+
+    poke()
+    channel.close()
+    assert sum(poked.values()) >= 1000 and len(poked) == 4, poked
+    assert _works(lone_agent), "the agent no longer runs jobs after the fuzzing"
+    growth = _rss(lone_agent) - rss_before
+    assert growth < 64 << 20, f"agent memory grew by {growth >> 20} MiB"
+
+
+def test_agent_environment_stays_private_unless_passed(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENT_DB_PASSWORD", "hunter2")
+    plain = Agents(1, peers=False)
+    passing = Agents(1, peers=False, extra=["--pass-env", "AGENT_DB_PASSWORD"])
+    try:
+        def visible():
+            return {k: os.environ.get(k) for k in
+                    ("AGENT_DB_PASSWORD", "REMOTE_TPU_TOKEN", "PATH", "USER_CHOICE")}
+
+        for agents, expected in ((plain, None), (passing, "hunter2")):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                f = remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0],
+                                   token=agents.token, env={"USER_CHOICE": "1"})(visible)
+            env = f()
+            assert env["AGENT_DB_PASSWORD"] == expected
+            assert env["REMOTE_TPU_TOKEN"] is None and env["PATH"]
+            assert env["USER_CHOICE"] == "1"
+    finally:
+        plain.stop()
+        passing.stop()
+
+
+def test_secret_looking_env_names_draw_a_warning():
+    with pytest.warns(UserWarning, match="env= sends WANDB_API_KEY to every host"):
+        remote_tpu.run(accelerator="tpu-v4-8", hosts="local", env={"WANDB_API_KEY": "k"})
