@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import threading
 
 from remote_tpu._auth import (TOKEN_ENV, check_token, default_token_file, is_loopback,
@@ -46,7 +47,13 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--simulate-devices", type=int, default=0, metavar="K",
                    help="run JAX on CPU with K devices per process (local slice, tests)")
     p.add_argument("--state-dir", default="",
-                   help="directory for job files (default: a fresh temporary directory)")
+                   help="directory of the job store: records, logs, results (default: "
+                        "$XDG_STATE_HOME/remote_tpu/agent-PORT, ~/.local/state/... )")
+    p.add_argument("--keep-jobs", type=int, default=100,
+                   help="finished jobs kept with their logs and results (default 100)")
+    p.add_argument("--peer-timeout", type=float, default=10.0,
+                   help="seconds of silence after which a peer counts as unreachable and "
+                        "its job fails (default 10)")
     p.add_argument("--token-file", default="",
                    help=f"the slice token (default: ${TOKEN_ENV}, else {default_token_file()}, "
                         "created if missing)")
@@ -109,6 +116,14 @@ def _resolve_token(args: argparse.Namespace) -> str | None:
     return read_token_file(path)
 
 
+def _default_state_dir(port: int) -> str:
+    if port == 0:        # an ephemeral agent: an ephemeral store
+        return tempfile.mkdtemp(prefix="remote-tpu-agent-")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
+                                                            "state")
+    return os.path.join(base, "remote_tpu", f"agent-{port}")
+
+
 def _check_exposure(args: argparse.Namespace, token: str | None) -> str:
     """Why this configuration must not start, or ""."""
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -156,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     config = AgentConfig(
         host=args.host, port=args.port, advertise=args.advertise_address,
         slice=Slice(worker_id=args.worker_id, peers=peers),
-        simulate_devices=args.simulate_devices, state_dir=args.state_dir, token=token,
+        simulate_devices=args.simulate_devices, token=token,
+        state_dir=args.state_dir or _default_state_dir(args.port),
+        keep_jobs=args.keep_jobs, peer_timeout=args.peer_timeout,
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, mtls=args.mtls,
         pass_env=frozenset(n.strip() for n in args.pass_env.split(",") if n.strip()),
         max_payload_bytes=args.max_payload_bytes)

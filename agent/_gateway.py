@@ -31,9 +31,12 @@ from ._runner import WorkerRun
 log = logging.getLogger(__name__)
 
 _SETTLE_SECONDS = 4.0        # wait this long for every host's final report
-_CLIENT_GONE = object()
 _TIMED_OUT = object()
-_SHUTDOWN = object()
+
+
+class _Cancel:
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 # Messages a surviving host prints when a *peer* failed first: consequences,
 # never the root cause while a host failed on its own.
@@ -99,18 +102,21 @@ class GatewayJob:
         self.done: set[int] = set()
         self.exited: set[int] = set()
         self.ended = threading.Event()
-        self._shutdown_reason = ""
 
-    def shutdown(self, reason: str) -> None:
-        """The agent is going away: cancel the job, and wait (briefly) until the
-        caller has been told."""
-        self._shutdown_reason = reason
-        self.events.put(_SHUTDOWN)
-        self.ended.wait(_SETTLE_SECONDS + 2)
+    def cancel(self, reason: str) -> None:
+        """Stop the job on every host; it ends CANCELLED with ``reason``."""
+        self.events.put(_Cancel(reason))
+
+    def stacks(self) -> list[pb.HostStacks]:
+        """Every host's Python stacks, collected in parallel."""
+        with concurrent.futures.ThreadPoolExecutor(len(self.handles)) as pool:
+            texts = list(pool.map(lambda h: h.stacks(), self.handles))
+        return [pb.HostStacks(host=h.host, text=t) for h, t in zip(self.handles, texts)]
 
     # ------------------------------------------------------------------ run
 
-    def run(self, client_gone: threading.Event) -> Iterator[pb.Event]:
+    def run(self) -> Iterator[pb.Event]:
+        """Every host's output (``started``, ``output``) as it comes, then ``end``."""
         try:
             refused = self._preflight()
             if refused:
@@ -118,7 +124,7 @@ class GatewayJob:
                     state=pb.JOB_STATE_FAILED, root_cause_host=refused[0].host,
                     hosts=self.reports, detail="nothing was started on any host"))
                 return
-            yield from self._run(client_gone)
+            yield from self._run()
         finally:
             for h in self.handles:
                 h.close()
@@ -141,7 +147,7 @@ class GatewayJob:
                 report.detail = "not started: another host refused the job"
         return refused
 
-    def _run(self, client_gone: threading.Event) -> Iterator[pb.Event]:
+    def _run(self) -> Iterator[pb.Event]:
         # Process 0 hosts the JAX coordinator: start it first.
         self.local.start()
         for remote in self.remotes:
@@ -154,23 +160,22 @@ class GatewayJob:
             timer.daemon = True
             timer.start()
         try:
-            yield from self._main_loop(client_gone)
+            yield from self._main_loop()
         finally:
             if timer is not None:
                 timer.cancel()
 
-    def _main_loop(self, client_gone: threading.Event) -> Iterator[pb.Event]:
+    def _main_loop(self) -> Iterator[pb.Event]:
         while True:
             item = self.events.get()
-            if item is _CLIENT_GONE or client_gone.is_set():
-                self._stop_all()
-                for _ in self._settle(forward=False):
-                    pass
-                return
-            if item is _SHUTDOWN:
-                yield from self._fail(pb.JOB_STATE_CANCELLED, self._shutdown_reason)
+            if isinstance(item, _Cancel):
+                yield from self._fail(pb.JOB_STATE_CANCELLED, item.reason)
                 return
             if item is _TIMED_OUT:
+                # The stacks say where each host was stuck: JAX cannot tell a live
+                # but stuck rank from a slow one.
+                for host_stacks in self.stacks():
+                    self.reports[host_stacks.host].stacks = host_stacks.text
                 yield from self._fail(pb.JOB_STATE_TIMED_OUT,
                                       f"timed out after {self.spec.timeout_seconds:g} s")
                 return
@@ -193,13 +198,7 @@ class GatewayJob:
                     return
 
     def _forward(self, item: object) -> Iterator[pb.Event]:
-        if not isinstance(item, pb.Event):
-            return
-        if item.HasField("output"):
-            mode = self.spec.stream
-            if mode == pb.STREAM_MODE_ALL or (mode == pb.STREAM_MODE_LEADER and item.host == 0):
-                yield item
-        elif item.HasField("started"):
+        if isinstance(item, pb.Event) and (item.HasField("output") or item.HasField("started")):
             yield item
 
     def _record_exit(self, event: pb.Event) -> None:
@@ -210,6 +209,8 @@ class GatewayJob:
             # Its function had finished; only the goodbye went missing.
             previous.detail += f"; then {report.detail}"
             report = previous
+        if previous.stacks and not report.stacks:
+            report.stacks = previous.stacks
         self.reports[event.host] = report
         self.exited.add(event.host)
 
@@ -245,7 +246,6 @@ class GatewayJob:
         with open(os.path.join(self.job_dir, _worker.RESULT_FILE), "rb") as f:
             while chunk := f.read(CHUNK_SIZE):
                 digest.update(chunk)
-                yield pb.Event(host=0, result_chunk=chunk)
         yield pb.Event(host=0, end=pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
                                              hosts=self.reports,
                                              result_sha256=digest.digest()))

@@ -58,6 +58,15 @@ class RemoteHost:
     def start(self) -> None:
         threading.Thread(target=self._relay, daemon=True, name=f"peer{self.host}").start()
 
+    def stacks(self) -> str:
+        stub = pb_grpc.AgentStub(self._channel)
+        try:
+            reply = stub.Stacks(pb.JobRef(job_id=self._spec.job_id), timeout=5,
+                                metadata=self._credentials.metadata)
+        except grpc.RpcError as exc:
+            return f"(the agent at {self.address} did not answer: {exc.details()})"
+        return "\n".join(h.text for h in reply.hosts) or "(no stacks)"
+
     def release(self) -> None:
         self._controls.put(pb.CONTROL_RELEASE)
 

@@ -92,6 +92,29 @@ class WorkerRun:
         except OSError:
             pass
 
+    def stacks(self, wait: float = 1.0) -> str:
+        """Every thread's Python stack in the worker, as it is now."""
+        if self.proc is None or self.proc.poll() is not None:
+            return "(the worker is not running)"
+        path = os.path.join(self.job_dir, _worker.STACKS_FILE)
+        before = os.path.getsize(path) if os.path.exists(path) else 0
+        try:
+            os.kill(self.proc.pid, _worker.STACKS_SIGNAL)
+        except ProcessLookupError:
+            return "(the worker is not running)"
+        deadline = time.monotonic() + wait
+        size = before
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = os.path.getsize(path) if os.path.exists(path) else 0
+            if now > before and now == size:
+                break           # it grew, and stopped growing
+            size = now
+        with open(path, errors="replace") as f:
+            f.seek(before)
+            text = f.read()
+        return text or "(no answer: the worker did not dump its stacks in time)"
+
     def cancel(self) -> None:
         """Stop the worker's whole process group (SIGTERM, then SIGKILL)."""
         with self._lock:

@@ -9,7 +9,6 @@ import logging
 import os
 import queue
 import re
-import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import grpc
 from remote_tpu._options import join_host_port
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._serialization import check_compatible
+from remote_tpu._serialization import CHUNK_SIZE, check_compatible
 from remote_tpu._topology import Topology
 from remote_tpu._auth import TLS
 from remote_tpu._transport import ERROR_KIND_KEY, Credentials, channel_options, versions_pb
@@ -30,6 +29,8 @@ from ._discovery import Slice, advertise_address
 from ._gateway import GatewayJob
 from ._guard import TokenInterceptor
 from ._runner import WorkerRun, passed_environment, worker_env
+from ._scheduler import Scheduler
+from ._store import JobRecord, JobStore
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class AgentConfig:
     tls_ca: str = ""                    # CA of the slice's agents (and, with mtls, clients)
     mtls: bool = False                  # demand a client certificate signed by tls_ca
     pass_env: frozenset[str] = frozenset()   # more of the agent's variables for workers
+    keep_jobs: int = 100                # finished jobs kept in the store
+    peer_timeout: float = 10.0          # a silent peer is lost after this many seconds
 
     @property
     def peer_credentials(self) -> Credentials:
@@ -58,7 +61,7 @@ class AgentConfig:
         tls = None
         if self.tls_ca:
             tls = TLS(ca=self.tls_ca, cert=self.tls_cert or None, key=self.tls_key or None)
-        return Credentials(token=self.token, tls=tls)
+        return Credentials(token=self.token, tls=tls, keepalive=self.peer_timeout)
 
 
 class _Refused(Exception):
@@ -73,17 +76,17 @@ class AgentService(pb_grpc.AgentServicer):
         self.address = advertise_address(config.host, config.advertise)   # host only
         self.port = config.port          # the bound port, once create_server has bound it
         self.state_dir = config.state_dir or tempfile.mkdtemp(prefix="remote-tpu-agent-")
-        self._busy = threading.Lock()
-        self._current = ""
-        self._runs: set[WorkerRun] = set()
-        self._jobs: set[GatewayJob] = set()
+        self.store = JobStore(self.state_dir, keep=config.keep_jobs)
+        self.scheduler = Scheduler(self._make_job)
+        self._peer_busy = threading.Lock()
+        self._peer_runs: dict[str, WorkerRun] = {}
         self._worker_base_env = passed_environment(os.environ, config.pass_env)
 
     @property
     def endpoint(self) -> str:
         return join_host_port(self.address, self.port)
 
-    # -------------------------------------------------------------- RPCs
+    # ------------------------------------------------------------ RPCs
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
         return pb.HealthReply(versions=versions_pb(), agent_address=self.endpoint,
@@ -91,37 +94,176 @@ class AgentService(pb_grpc.AgentServicer):
                               peers=self.config.slice.peers,
                               simulate_devices=self.config.simulate_devices)
 
+    def Submit(self, request_iterator: Iterator[pb.RunRequest],
+               context: grpc.ServicerContext) -> pb.JobStatus:
+        spec = self._checked_spec(request_iterator, context, pb.ROLE_GATEWAY)
+        record, created = self._accept(spec, request_iterator, context)
+        status = self._status(record)
+        status.existed = not created
+        return status
+
     def Run(self, request_iterator: Iterator[pb.RunRequest],
             context: grpc.ServicerContext) -> Iterator[pb.Event]:
-        try:
-            spec = self._read_spec(request_iterator)
-            hosts = self._hosts_for(spec) if spec.role == pb.ROLE_GATEWAY else []
-        except _Refused as r:
-            context.set_trailing_metadata(((ERROR_KIND_KEY, r.kind),))
-            context.abort(r.code, r.message)
-        if not self._busy.acquire(blocking=False):
-            context.set_trailing_metadata(((ERROR_KIND_KEY, "busy"),))
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"host {self.endpoint} is running job {self._current}; one job at a "
-                          "time per slice. Wait for it to finish and call again.")
-        self._current = spec.job_id
-        job_dir = os.path.join(self.state_dir, "jobs", f"{spec.job_id}-{spec.process_id}")
-        try:
-            os.makedirs(job_dir)
-            payload_path = os.path.join(job_dir, _worker.PAYLOAD_FILE)
-            self._receive_payload(spec, request_iterator, payload_path, context)
-            client_gone = threading.Event()
-            if spec.role == pb.ROLE_GATEWAY:
-                yield from self._run_gateway(spec, hosts, job_dir, payload_path, context,
-                                             client_gone)
-            else:
-                yield from self._run_peer(spec, request_iterator, job_dir, context)
-        finally:
-            self._current = ""
-            shutil.rmtree(job_dir, ignore_errors=True)
-            self._busy.release()
+        spec = self._checked_spec(request_iterator, context, None)
+        if spec.role == pb.ROLE_PEER:
+            yield from self._run_peer(spec, request_iterator, context)
+            return
+        record, _ = self._accept(spec, request_iterator, context)
 
-    # -------------------------------------------------------------- helpers
+        def on_done() -> None:        # an attached job does not outlive its caller
+            if not record.finished:
+                self.scheduler.cancel(record.job_id, "the attached caller went away")
+        context.add_callback(on_done)
+        status = self._status(record)
+        if status.phase == pb.JOB_PHASE_QUEUED and status.queued_behind:
+            yield pb.Event(host=0, queued=status)
+        hosts = {pb.STREAM_MODE_ALL: list(range(record.spec.num_hosts)),
+                 pb.STREAM_MODE_NONE: []}.get(spec.stream, [0])
+        yield from self._watch(record, hosts, [], follow=True, context=context, with_end=False)
+        yield from self._result(record)
+
+    def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext
+              ) -> Iterator[pb.Event]:
+        record = self._known(request.job_id, context)
+        hosts = list(request.hosts) or [0]
+        bad = [h for h in hosts if h >= max(1, record.spec.num_hosts)]
+        if bad:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"job {record.job_id} has hosts 0-{record.spec.num_hosts - 1}, "
+                          f"not {bad[0]}")
+        yield from self._watch(record, hosts, list(request.offsets), request.follow, context,
+                               with_end=True)
+
+    def Result(self, request: pb.JobRef, context: grpc.ServicerContext) -> Iterator[pb.Event]:
+        record = self._known(request.job_id, context)
+        if not record.finished:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"job {record.job_id} has not finished yet")
+        yield from self._result(record)
+
+    def Status(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.JobStatus:
+        return self._status(self._known(request.job_id, context))
+
+    def Cancel(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.JobStatus:
+        record = self._known(request.job_id, context)
+        if not record.finished:
+            self.scheduler.cancel(record.job_id, "cancelled on request")
+        return self._status(record)
+
+    def Stacks(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.StacksReply:
+        stacks = self.scheduler.stacks(request.job_id)
+        if stacks is not None:
+            return pb.StacksReply(hosts=stacks)
+        run = self._peer_runs.get(request.job_id)
+        if run is not None:
+            return pb.StacksReply(hosts=[pb.HostStacks(host=run.host, text=run.stacks())])
+        record = self._known(request.job_id, context)
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      f"job {record.job_id} is not running "
+                      f"({pb.JobPhase.Name(record.status.phase)}): it has no stacks")
+
+    def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext
+                 ) -> pb.ListJobsReply:
+        return pb.ListJobsReply(jobs=self.store.list(limit=request.limit))
+
+    # ------------------------------------------------------------ jobs
+
+    def _known(self, job_id: str, context: grpc.ServicerContext) -> JobRecord:
+        record = self.store.get(job_id) if _JOB_ID.match(job_id) else None
+        if record is None:
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          f"the agent at {self.endpoint} has no job {job_id!r} (finished "
+                          f"jobs are kept: the newest {self.config.keep_jobs})")
+        return record
+
+    @staticmethod
+    def _status(record: JobRecord) -> pb.JobStatus:
+        with record.changed:
+            status = pb.JobStatus()
+            status.CopyFrom(record.status)
+        return status
+
+    def _accept(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
+                context: grpc.ServicerContext) -> tuple[JobRecord, bool]:
+        """Queue a new job, or find the one with this id (idempotent submission)."""
+        existing = self.store.get(spec.job_id)
+        if existing is not None:
+            return existing, False
+        try:
+            hosts = self._hosts_for(spec)
+        except _Refused as r:
+            self._abort(context, r)
+        incoming = os.path.join(self.state_dir, "incoming")
+        os.makedirs(incoming, mode=0o700, exist_ok=True)
+        fd, path = tempfile.mkstemp(dir=incoming, prefix=spec.job_id)
+        os.close(fd)
+        try:
+            self._receive_payload(spec, requests, path, context)
+            spec.num_hosts = len(hosts)
+            spec.hosts[:] = hosts
+            record, created = self.store.create(spec, pb.ROLE_GATEWAY)
+            if created:
+                os.replace(path, os.path.join(record.dir, _worker.PAYLOAD_FILE))
+                self.scheduler.submit(record)
+                log.info("job %s: queued (%d host(s))", spec.job_id, len(hosts))
+            return record, created
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+
+    def _make_job(self, record: JobRecord) -> GatewayJob:
+        spec = record.spec
+        return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
+                          payload_path=os.path.join(record.dir, _worker.PAYLOAD_FILE),
+                          advertise=self.address, peer_credentials=self.config.peer_credentials,
+                          env_for=lambda i, coord: self._env_for(spec, i, coord))
+
+    def _watch(self, record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
+               context: grpc.ServicerContext, with_end: bool) -> Iterator[pb.Event]:
+        position = {h: (offsets[i] if i < len(offsets) else 0) for i, h in enumerate(hosts)}
+        while True:
+            with record.changed:
+                finished = record.finished
+                version = record.version
+            for h in hosts:
+                for stream, data, offset in record.log(h).read(position[h]):
+                    position[h] = offset
+                    yield pb.Event(host=h, output=pb.Output(stream=stream, data=data,
+                                                            offset=offset))
+            if finished:
+                if with_end:
+                    yield pb.Event(host=0, end=record.status.end)
+                return
+            if not follow or not context.is_active():
+                return
+            with record.changed:
+                record.changed.wait_for(lambda: record.version != version, timeout=1.0)
+
+    def _result(self, record: JobRecord) -> Iterator[pb.Event]:
+        if record.status.phase == pb.JOB_PHASE_SUCCEEDED:
+            with open(os.path.join(record.dir, _worker.RESULT_FILE), "rb") as f:
+                while chunk := f.read(CHUNK_SIZE):
+                    yield pb.Event(host=0, result_chunk=chunk)
+        yield pb.Event(host=0, end=record.status.end)
+
+    # ------------------------------------------------------------ checks
+
+    @staticmethod
+    def _abort(context: grpc.ServicerContext, refused: _Refused) -> None:
+        context.set_trailing_metadata(((ERROR_KIND_KEY, refused.kind),))
+        context.abort(refused.code, refused.message)
+
+    def _checked_spec(self, requests: Iterator[pb.RunRequest], context: grpc.ServicerContext,
+                      role: int | None) -> pb.JobSpec:
+        try:
+            spec = self._read_spec(requests)
+            if role is not None and spec.role != role:
+                raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
+                               "Submit takes gateway jobs only")
+            return spec
+        except _Refused as r:
+            self._abort(context, r)
+            raise AssertionError("unreachable")
 
     def _read_spec(self, requests: Iterator[pb.RunRequest]) -> pb.JobSpec:
         first = next(requests, None)
@@ -222,31 +364,35 @@ class AgentService(pb_grpc.AgentServicer):
                           timeouts=spec.jax_timeouts, user_env=dict(spec.env),
                           payload_sha256=spec.payload_sha256)
 
-    def _run_gateway(self, spec, hosts, job_dir, payload_path, context, client_gone):
-        spec.num_hosts = len(hosts)
-        job = GatewayJob(spec=spec, hosts=hosts, job_dir=job_dir, payload_path=payload_path,
-                         advertise=self.address, peer_credentials=self.config.peer_credentials,
-                         env_for=lambda i, coord: self._env_for(spec, i, coord))
-
-        def on_done() -> None:
-            if context.is_active():
-                return
-            client_gone.set()
-            job.events.put(None)
-        context.add_callback(on_done)
-        log.info("job %s: gateway for %d host(s), coordinator %s", spec.job_id, len(hosts),
-                 job.coordinator)
-        self._jobs.add(job)
+    def _run_peer(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
+                  context: grpc.ServicerContext) -> Iterator[pb.Event]:
+        """This host's part of a gateway's job: one worker, obeying the gateway."""
+        if not self._peer_busy.acquire(timeout=5):
+            self._abort(context, _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, "busy",
+                f"host {self.endpoint} is still running another job's worker"))
         try:
-            yield from job.run(client_gone)
+            record, created = self.store.create(spec, pb.ROLE_PEER)
+            if not created:
+                self._abort(context, _Refused(grpc.StatusCode.ALREADY_EXISTS, "protocol",
+                                              f"job {spec.job_id} already ran on this host"))
+            self._receive_payload(spec, requests, os.path.join(record.dir, _worker.PAYLOAD_FILE),
+                                  context)
+            record.set_phase(pb.JOB_PHASE_RUNNING)
+            yield from self._peer_events(spec, requests, record, context)
         finally:
-            self._jobs.discard(job)
+            try:
+                os.unlink(os.path.join(self.store.get(spec.job_id, pb.ROLE_PEER).dir,
+                                       _worker.PAYLOAD_FILE))
+            except (OSError, AttributeError):
+                pass
+            self._peer_busy.release()
 
-    def _run_peer(self, spec, requests, job_dir, context):
+    def _peer_events(self, spec, requests, record: JobRecord, context) -> Iterator[pb.Event]:
         events: queue.Queue = queue.Queue()
-        run = WorkerRun(host=spec.process_id, job_dir=job_dir,
+        run = WorkerRun(host=spec.process_id, job_dir=record.dir,
                         env=self._env_for(spec, spec.process_id, spec.coordinator_address),
-                        emit=events.put, forward_output=spec.stream == pb.STREAM_MODE_ALL)
+                        emit=events.put, forward_output=True)
 
         def obey() -> None:
             try:
@@ -270,7 +416,8 @@ class AgentService(pb_grpc.AgentServicer):
         context.add_callback(on_done)
         log.info("job %s: host %d, coordinator %s", spec.job_id, spec.process_id,
                  spec.coordinator_address)
-        self._runs.add(run)
+        self._peer_runs[spec.job_id] = run
+        final = pb.JOB_PHASE_LOST
         try:
             run.start()
             threading.Thread(target=obey, daemon=True, name="peer-control").start()
@@ -278,19 +425,33 @@ class AgentService(pb_grpc.AgentServicer):
                 event = events.get()
                 if event is None:
                     return
+                if event.HasField("output"):
+                    record.append_output(event.host, event.output.stream, event.output.data)
                 yield event
                 if event.HasField("exited"):
+                    final = _PEER_PHASE.get(event.exited.state, pb.JOB_PHASE_FAILED)
                     return
         finally:
             run.close()
-            self._runs.discard(run)
+            run.finished.wait(5)
+            self._peer_runs.pop(spec.job_id, None)
+            record.set_phase(final, "" if final != pb.JOB_PHASE_LOST else
+                             "the gateway went away before this host finished")
 
     def stop_all(self) -> None:
         """Agent shutdown: cancel every job (telling callers why) and kill every worker."""
-        for job in list(self._jobs):
-            job.shutdown(f"the gateway agent at {self.endpoint} is shutting down")
-        for run in list(self._runs):
+        self.scheduler.shutdown(f"the gateway agent at {self.endpoint} is shutting down")
+        for run in list(self._peer_runs.values()):
             run.close()
+        self.store.close()
+
+
+_PEER_PHASE = {
+    pb.HOST_STATE_SUCCEEDED: pb.JOB_PHASE_SUCCEEDED,
+    pb.HOST_STATE_FAILED: pb.JOB_PHASE_FAILED,
+    pb.HOST_STATE_DIED: pb.JOB_PHASE_FAILED,
+    pb.HOST_STATE_CANCELLED: pb.JOB_PHASE_CANCELLED,
+}
 
 
 def _server_credentials(config: AgentConfig) -> grpc.ServerCredentials:
@@ -305,7 +466,14 @@ def _server_credentials(config: AgentConfig) -> grpc.ServerCredentials:
 
 def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:
     """Build (not start) the agent's server; port 0 binds an ephemeral port."""
-    options = channel_options() + [("grpc.max_concurrent_streams", 64)]
+    options = channel_options() + [
+        ("grpc.max_concurrent_streams", 64),
+        # Notice a vanished caller within ~4 s: its attached job is then cancelled.
+        ("grpc.keepalive_time_ms", 2000),
+        ("grpc.keepalive_timeout_ms", 2000),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 400),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
     interceptors = [TokenInterceptor(config.token)] if config.token else []
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=64,
                                                                thread_name_prefix="rpc"),

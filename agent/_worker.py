@@ -14,6 +14,7 @@ The contract with the agent is the environment variables below plus two pipes.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import hashlib
 import json
 import os
@@ -34,6 +35,8 @@ ENV_SHUTDOWN_TIMEOUT = "REMOTE_TPU_JAX_SHUTDOWN_TIMEOUT"
 ENV_PAYLOAD_SHA256 = "REMOTE_TPU_PAYLOAD_SHA256"   # hex; checked before unpickling
 
 PAYLOAD_FILE = "payload.bin"
+STACKS_FILE = "stacks.txt"      # SIGUSR1 appends every thread's Python stack here
+STACKS_SIGNAL = signal.SIGUSR1
 RESULT_FILE = "result.bin"
 OUTCOME_FILE = "outcome.json"
 STATUS_DONE = b"D"
@@ -140,6 +143,11 @@ def main() -> None:
     num_processes = int(os.environ["JAX_NUM_PROCESSES"])
     for fd in (control_fd, status_fd):    # not for the user's own subprocesses
         os.set_inheritable(fd, False)
+
+    # On demand (and on timeout) the agent asks where every thread is; this works
+    # even while the main thread is stuck inside a C call or a collective.
+    stacks_file = open(os.path.join(job_dir, STACKS_FILE), "a")
+    faulthandler.register(STACKS_SIGNAL, file=stacks_file, all_threads=True)
 
     released = threading.Event()
     threading.Thread(target=_watch_control, args=(control_fd, released), daemon=True,

@@ -14,6 +14,7 @@ from ._exceptions import (AgentUnavailableError, AuthenticationError, Configurat
                           JobFailedError,
                           JobTimeoutError, RemoteError, RemoteTPUError, RemoteTraceback,
                           SerializationError, VersionMismatchError)
+from ._jobs import JobHandle, JobStatus, attach, jobs
 from ._options import JaxTimeouts
 from ._topology import Topology
 from ._version import __version__
@@ -24,6 +25,8 @@ __all__ = [
     "ConfigurationError",
     "JaxTimeouts",
     "JobFailedError",
+    "JobHandle",
+    "JobStatus",
     "JobTimeoutError",
     "RemoteError",
     "RemoteFunction",
@@ -34,5 +37,7 @@ __all__ = [
     "Topology",
     "VersionMismatchError",
     "__version__",
+    "attach",
+    "jobs",
     "run",
 ]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import tenacity
 
 from ._auth import client_token
 from ._exceptions import AgentUnavailableError, SerializationError
@@ -49,22 +51,22 @@ def _requests(spec: pb.JobSpec, payload: Payload) -> Iterator[pb.RunRequest]:
         yield pb.RunRequest(payload_chunk=chunk)
 
 
-def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
-    topology = options.topology
+def _target(options: RunOptions) -> tuple[str, list[str], Credentials]:
+    """(gateway address, host list for the spec, credentials) for these options."""
     if options.local:
-        local = get_local_slice(topology)
-        hosts = local.addresses
-        spec_hosts = list(hosts)
-        credentials = local.credentials
-    else:
-        hosts = list(options.hosts)
-        spec_hosts = hosts if len(hosts) > 1 else []
-        credentials = Credentials(token=client_token(options.token), tls=options.tls)
-    gateway = hosts[0]
+        local = get_local_slice(options.topology)
+        return local.addresses[0], list(local.addresses), local.credentials
+    hosts = list(options.hosts)
+    credentials = Credentials(token=client_token(options.token), tls=options.tls)
+    return hosts[0], (hosts if len(hosts) > 1 else []), credentials
+
+
+def _spec(options: RunOptions, payload: Payload, job_id: str, hosts: list[str]) -> pb.JobSpec:
+    topology = options.topology
     jt = options.jax_timeouts
-    spec = pb.JobSpec(
+    return pb.JobSpec(
         client_versions=versions_pb(), job_id=job_id, accelerator=topology.name,
-        num_hosts=topology.hosts, role=pb.ROLE_GATEWAY, hosts=spec_hosts,
+        num_hosts=topology.hosts, role=pb.ROLE_GATEWAY, hosts=hosts,
         stream=_STREAM_MODES[options.stream], env=dict(options.env),
         timeout_seconds=options.timeout or 0.0,
         jax_timeouts=pb.JaxTimeouts(initialization_seconds=jt.initialization,
@@ -73,11 +75,47 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
         payload_size=payload.nbytes, devices_per_host=topology.devices_per_host,
         payload_sha256=payload.sha256(),
     )
+
+
+def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
+    """Run attached: output shown live, the value returned; the job is cancelled
+    on every host if this call is interrupted or this process goes away."""
+    gateway, hosts, credentials = _target(options)
+    spec = _spec(options, payload, job_id, hosts)
     stub = pb_grpc.AgentStub(_channel(gateway, credentials))
-    renderer = OutputRenderer(options.stream)
+    stream = stub.Run(_requests(spec, payload), metadata=credentials.metadata)
+    return outcome(stream, OutputRenderer(options.stream), gateway=gateway, job_id=job_id,
+                   accelerator=options.topology.name)
+
+
+def submit(options: RunOptions, payload: Payload, job_id: str):
+    """Queue the job and return its handle at once; retried on transient faults
+    only, which cannot start it twice (the agent knows the job id)."""
+    from ._jobs import JobHandle
+
+    gateway, hosts, credentials = _target(options)
+    spec = _spec(options, payload, job_id, hosts)
+    stub = pb_grpc.AgentStub(_channel(gateway, credentials))
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(4), reraise=True,
+        wait=tenacity.wait_exponential(multiplier=0.25, max=2),
+        retry=tenacity.retry_if_exception(
+            lambda e: isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE))
+    try:
+        retrying(lambda: stub.Submit(_requests(spec, payload), metadata=credentials.metadata,
+                                     timeout=600))
+    except grpc.RpcError as exc:
+        raise error_from_rpc(exc, gateway) from None
+    return JobHandle(job_id, gateway=gateway, credentials=credentials,
+                     accelerator=options.topology.name, local=options.local)
+
+
+def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
+            accelerator: str) -> Any:
+    """Consume a Run or Result stream: show output, then return the value or
+    raise what the caller should see."""
     chunks: list[bytes] = []
     end: pb.JobEnd | None = None
-    stream = stub.Run(_requests(spec, payload), metadata=credentials.metadata)
     try:
         for event in stream:
             kind = event.WhichOneof("kind")
@@ -87,6 +125,11 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
                 chunks.append(event.result_chunk)
             elif kind == "end":
                 end = event.end
+            elif kind == "queued":
+                q = event.queued
+                print(f"remote_tpu: job {job_id} is queued behind job {q.queued_behind} "
+                      f"(position {q.queue_position}) on {accelerator}", file=sys.stderr,
+                      flush=True)
     except grpc.RpcError as exc:
         raise error_from_rpc(exc, gateway) from None
     except BaseException:
@@ -97,7 +140,7 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
     if end is None:
         raise AgentUnavailableError(f"the agent at {gateway} ended job {job_id} without a "
                                     "final report; see its log")
-    raise_for_end(end, accelerator=topology.name, job_id=job_id)
+    raise_for_end(end, accelerator=accelerator, job_id=job_id)
     data = bytearray(sum(len(c) for c in chunks))
     digest = hashlib.sha256()
     pos = 0

@@ -8,6 +8,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from ._auth import TLS
 from ._exceptions import ConfigurationError
+from ._jobs import JobHandle
 from ._options import JaxTimeouts, RunOptions, resolve
 from ._topology import Topology
 
@@ -34,6 +35,15 @@ class RemoteFunction(Generic[P, R]):
 
         payload = dumps_call(self._fn, args, kwargs)   # fails here, before sending
         return call(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
+
+    def submit(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        """Start the job and return its handle at once; it keeps running when
+        this process ends (except on a local slice, which ends with it)."""
+        from ._client import new_job_id, submit
+        from ._serialization import dumps_call
+
+        payload = dumps_call(self._fn, args, kwargs)
+        return submit(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
 
     def local(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the undecorated function in this process."""

@@ -75,7 +75,8 @@ def normalize_address(address: str) -> str:
     return join_host_port(m.group("v6") or m.group("host"), port)
 
 
-def parse_hosts(hosts: str | Sequence[str] | None, topology: Topology) -> tuple[str, ...]:
+def parse_hosts(hosts: str | Sequence[str] | None, topology: Topology, *,
+                check_count: bool = True) -> tuple[str, ...]:
     source = "hosts="
     if hosts is None:
         hosts = _from_env("REMOTE_TPU_HOSTS") or LOCAL
@@ -91,7 +92,7 @@ def parse_hosts(hosts: str | Sequence[str] | None, topology: Topology) -> tuple[
             f"{source} must be 'local', an address 'ip[:port]' or a non-empty list of "
             f"addresses (first = gateway); got {hosts!r}")
     addresses = tuple(normalize_address(h) for h in hosts)
-    if len(addresses) > 1 and len(addresses) != topology.hosts:
+    if check_count and len(addresses) > 1 and len(addresses) != topology.hosts:
         raise ConfigurationError(
             f"{topology.name} has {topology.hosts} host(s), but {source} lists "
             f"{len(addresses)}: {', '.join(addresses)}. List every host of the slice "

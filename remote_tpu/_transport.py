@@ -51,6 +51,7 @@ class Credentials:
 
     token: str | None = None
     tls: TLS | None = None
+    keepalive: float | None = None    # seconds of silence before the peer counts as gone
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -58,6 +59,9 @@ class Credentials:
 
     def channel(self, address: str) -> grpc.Channel:
         options: list = channel_options()
+        if self.keepalive:
+            half = max(500, int(self.keepalive * 500))
+            options += [("grpc.keepalive_time_ms", half), ("grpc.keepalive_timeout_ms", half)]
         if self.tls is None:
             return grpc.insecure_channel(address, options=options)
         ca, key, cert = self.tls.read()

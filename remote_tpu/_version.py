@@ -9,7 +9,7 @@ import platform
 __version__ = "0.1.0"
 
 # Bump on any wire change an older peer could misread.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 def _dist_version(name: str) -> str:

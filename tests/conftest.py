@@ -128,6 +128,7 @@ def _private_config_home(tmp_path_factory):
     real home of whoever runs the tests."""
     old = os.environ.get("XDG_CONFIG_HOME")
     os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config-home"))
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state-home"))
     for name in ("REMOTE_TPU_TOKEN", "REMOTE_TPU_TOKEN_FILE", "REMOTE_TPU_TLS_CA",
                  "REMOTE_TPU_HOSTS"):
         os.environ.pop(name, None)

@@ -291,15 +291,20 @@ def test_wrong_digest_truncated_and_oversize_payloads_are_refused(lone_agent, tm
         ([pb.RunRequest(payload_chunk=payload)], "must start with a JobSpec"),
         ([pb.RunRequest(spec=_spec(payload, payload_sha256=b""))], "no SHA-256 digest"),
     ]
+    refused_ids = set()
     for requests, message in cases:
+        if requests[0].HasField("spec"):
+            refused_ids.add(requests[0].spec.job_id)
         with pytest.raises(grpc.RpcError) as info:
             _run_raw(address, token, requests)
         assert message in str(error_from_rpc(info.value, address)), message
     with pytest.raises(grpc.RpcError) as info:    # one message over the size limit
         _run_raw(address, token, [pb.RunRequest(payload_chunk=b"y" * (5 << 20))])
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    jobs = os.path.join(lone_agent.state_dirs[0], "jobs")
-    assert not os.path.exists(jobs) or not os.listdir(jobs), "a refused job left files"
+    state = lone_agent.state_dirs[0]
+    kept = {name.rsplit(".", 1)[0] for name in os.listdir(os.path.join(state, "jobs"))}
+    assert not kept & refused_ids, "a refused job left a record"
+    assert not os.listdir(os.path.join(state, "incoming")), "a refused payload was left"
 
 
 def test_client_payload_over_the_agents_limit_says_so(tmp_path):

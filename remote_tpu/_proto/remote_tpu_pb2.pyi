@@ -7,6 +7,17 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JobPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_PHASE_UNSPECIFIED: _ClassVar[JobPhase]
+    JOB_PHASE_QUEUED: _ClassVar[JobPhase]
+    JOB_PHASE_RUNNING: _ClassVar[JobPhase]
+    JOB_PHASE_SUCCEEDED: _ClassVar[JobPhase]
+    JOB_PHASE_FAILED: _ClassVar[JobPhase]
+    JOB_PHASE_CANCELLED: _ClassVar[JobPhase]
+    JOB_PHASE_TIMED_OUT: _ClassVar[JobPhase]
+    JOB_PHASE_LOST: _ClassVar[JobPhase]
+
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROLE_UNSPECIFIED: _ClassVar[Role]
@@ -50,6 +61,15 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
     JOB_STATE_TIMED_OUT: _ClassVar[JobState]
+    JOB_STATE_LOST: _ClassVar[JobState]
+JOB_PHASE_UNSPECIFIED: JobPhase
+JOB_PHASE_QUEUED: JobPhase
+JOB_PHASE_RUNNING: JobPhase
+JOB_PHASE_SUCCEEDED: JobPhase
+JOB_PHASE_FAILED: JobPhase
+JOB_PHASE_CANCELLED: JobPhase
+JOB_PHASE_TIMED_OUT: JobPhase
+JOB_PHASE_LOST: JobPhase
 ROLE_UNSPECIFIED: Role
 ROLE_GATEWAY: Role
 ROLE_PEER: Role
@@ -76,6 +96,79 @@ JOB_STATE_SUCCEEDED: JobState
 JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 JOB_STATE_TIMED_OUT: JobState
+JOB_STATE_LOST: JobState
+
+class JobRef(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("job_id", "phase", "accelerator", "num_hosts", "created_at", "started_at", "ended_at", "detail", "queued_behind", "queue_position", "existed", "end")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    NUM_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_BEHIND_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
+    EXISTED_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    phase: JobPhase
+    accelerator: str
+    num_hosts: int
+    created_at: float
+    started_at: float
+    ended_at: float
+    detail: str
+    queued_behind: str
+    queue_position: int
+    existed: bool
+    end: JobEnd
+    def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ..., queued_behind: _Optional[str] = ..., queue_position: _Optional[int] = ..., existed: _Optional[bool] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("job_id", "hosts", "offsets", "follow")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    hosts: _containers.RepeatedScalarFieldContainer[int]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    follow: bool
+    def __init__(self, job_id: _Optional[str] = ..., hosts: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class HostStacks(_message.Message):
+    __slots__ = ("host", "text")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    host: int
+    text: str
+    def __init__(self, host: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
+
+class StacksReply(_message.Message):
+    __slots__ = ("hosts",)
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    hosts: _containers.RepeatedCompositeFieldContainer[HostStacks]
+    def __init__(self, hosts: _Optional[_Iterable[_Union[HostStacks, _Mapping]]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
+
+class ListJobsReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
 
 class Versions(_message.Message):
     __slots__ = ("protocol", "remote_tpu", "python", "cloudpickle", "jax")
@@ -171,12 +264,14 @@ class RunRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., payload_chunk: _Optional[bytes] = ..., control: _Optional[_Union[Control, str]] = ...) -> None: ...
 
 class Output(_message.Message):
-    __slots__ = ("stream", "data")
+    __slots__ = ("stream", "data", "offset")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
     stream: OutputStream
     data: bytes
-    def __init__(self, stream: _Optional[_Union[OutputStream, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    offset: int
+    def __init__(self, stream: _Optional[_Union[OutputStream, str]] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class RemoteException(_message.Message):
     __slots__ = ("type_name", "message", "traceback", "pickled")
@@ -191,7 +286,7 @@ class RemoteException(_message.Message):
     def __init__(self, type_name: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., pickled: _Optional[bytes] = ...) -> None: ...
 
 class HostReport(_message.Message):
-    __slots__ = ("host", "state", "exit_code", "signal", "detail", "last_lines", "exception", "finished_at", "exited")
+    __slots__ = ("host", "state", "exit_code", "signal", "detail", "last_lines", "exception", "finished_at", "exited", "stacks")
     HOST_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +296,7 @@ class HostReport(_message.Message):
     EXCEPTION_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     EXITED_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
     host: int
     state: HostState
     exit_code: int
@@ -210,7 +306,8 @@ class HostReport(_message.Message):
     exception: RemoteException
     finished_at: float
     exited: bool
-    def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ...) -> None: ...
+    stacks: str
+    def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ..., stacks: _Optional[str] = ...) -> None: ...
 
 class JobEnd(_message.Message):
     __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_sha256")
@@ -237,7 +334,7 @@ class Started(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("host", "started", "output", "done", "exited", "result_chunk", "end")
+    __slots__ = ("host", "started", "output", "done", "exited", "result_chunk", "end", "queued")
     HOST_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +342,7 @@ class Event(_message.Message):
     EXITED_FIELD_NUMBER: _ClassVar[int]
     RESULT_CHUNK_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     host: int
     started: Started
     output: Output
@@ -252,4 +350,5 @@ class Event(_message.Message):
     exited: HostReport
     result_chunk: bytes
     end: JobEnd
-    def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ...) -> None: ...
+    queued: JobStatus
+    def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., queued: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...

@@ -46,6 +46,41 @@ class AgentStub:
                 request_serializer=remote__tpu__pb2.RunRequest.SerializeToString,
                 response_deserializer=remote__tpu__pb2.Event.FromString,
                 _registered_method=True)
+        self.Submit = channel.stream_unary(
+                '/remote_tpu.v1.Agent/Submit',
+                request_serializer=remote__tpu__pb2.RunRequest.SerializeToString,
+                response_deserializer=remote__tpu__pb2.JobStatus.FromString,
+                _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/remote_tpu.v1.Agent/Watch',
+                request_serializer=remote__tpu__pb2.WatchRequest.SerializeToString,
+                response_deserializer=remote__tpu__pb2.Event.FromString,
+                _registered_method=True)
+        self.Result = channel.unary_stream(
+                '/remote_tpu.v1.Agent/Result',
+                request_serializer=remote__tpu__pb2.JobRef.SerializeToString,
+                response_deserializer=remote__tpu__pb2.Event.FromString,
+                _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/remote_tpu.v1.Agent/Status',
+                request_serializer=remote__tpu__pb2.JobRef.SerializeToString,
+                response_deserializer=remote__tpu__pb2.JobStatus.FromString,
+                _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/remote_tpu.v1.Agent/Cancel',
+                request_serializer=remote__tpu__pb2.JobRef.SerializeToString,
+                response_deserializer=remote__tpu__pb2.JobStatus.FromString,
+                _registered_method=True)
+        self.Stacks = channel.unary_unary(
+                '/remote_tpu.v1.Agent/Stacks',
+                request_serializer=remote__tpu__pb2.JobRef.SerializeToString,
+                response_deserializer=remote__tpu__pb2.StacksReply.FromString,
+                _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/remote_tpu.v1.Agent/ListJobs',
+                request_serializer=remote__tpu__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=remote__tpu__pb2.ListJobsReply.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -61,11 +96,60 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Run(self, request_iterator, context):
-        """Run one job. The caller streams a JobSpec, then the payload in chunks, then
-        optional controls; the agent streams events back and ends with JobEnd.
-        A client calls its gateway with ROLE_GATEWAY; the gateway calls each peer
+        """Run one job attached. The caller streams a JobSpec, then the payload in
+        chunks, then optional controls; the agent streams events back and ends with
+        JobEnd. A client calls its gateway with ROLE_GATEWAY (the job is queued,
+        run, and cancelled if the caller goes away); the gateway calls each peer
         with ROLE_PEER.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Submit(self, request_iterator, context):
+        """Queue a job (ROLE_GATEWAY) that outlives the call. Idempotent: a job id the
+        agent already has is not started again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Watch(self, request, context):
+        """A job's output from the given offsets; with follow, until the job ends,
+        then its JobEnd.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Result(self, request, context):
+        """The finished job's result chunks, then its JobEnd. Can be asked again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Status(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cancel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Stacks(self, request, context):
+        """The Python stack of every host's worker, host by host.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -82,6 +166,41 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Run,
                     request_deserializer=remote__tpu__pb2.RunRequest.FromString,
                     response_serializer=remote__tpu__pb2.Event.SerializeToString,
+            ),
+            'Submit': grpc.stream_unary_rpc_method_handler(
+                    servicer.Submit,
+                    request_deserializer=remote__tpu__pb2.RunRequest.FromString,
+                    response_serializer=remote__tpu__pb2.JobStatus.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=remote__tpu__pb2.WatchRequest.FromString,
+                    response_serializer=remote__tpu__pb2.Event.SerializeToString,
+            ),
+            'Result': grpc.unary_stream_rpc_method_handler(
+                    servicer.Result,
+                    request_deserializer=remote__tpu__pb2.JobRef.FromString,
+                    response_serializer=remote__tpu__pb2.Event.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=remote__tpu__pb2.JobRef.FromString,
+                    response_serializer=remote__tpu__pb2.JobStatus.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=remote__tpu__pb2.JobRef.FromString,
+                    response_serializer=remote__tpu__pb2.JobStatus.SerializeToString,
+            ),
+            'Stacks': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stacks,
+                    request_deserializer=remote__tpu__pb2.JobRef.FromString,
+                    response_serializer=remote__tpu__pb2.StacksReply.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=remote__tpu__pb2.ListJobsRequest.FromString,
+                    response_serializer=remote__tpu__pb2.ListJobsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -140,6 +259,195 @@ class Agent:
             '/remote_tpu.v1.Agent/Run',
             remote__tpu__pb2.RunRequest.SerializeToString,
             remote__tpu__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Submit(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/remote_tpu.v1.Agent/Submit',
+            remote__tpu__pb2.RunRequest.SerializeToString,
+            remote__tpu__pb2.JobStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/Watch',
+            remote__tpu__pb2.WatchRequest.SerializeToString,
+            remote__tpu__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Result(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/Result',
+            remote__tpu__pb2.JobRef.SerializeToString,
+            remote__tpu__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/Status',
+            remote__tpu__pb2.JobRef.SerializeToString,
+            remote__tpu__pb2.JobStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/Cancel',
+            remote__tpu__pb2.JobRef.SerializeToString,
+            remote__tpu__pb2.JobStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stacks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/Stacks',
+            remote__tpu__pb2.JobRef.SerializeToString,
+            remote__tpu__pb2.StacksReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/ListJobs',
+            remote__tpu__pb2.ListJobsRequest.SerializeToString,
+            remote__tpu__pb2.ListJobsReply.FromString,
             options,
             channel_credentials,
             insecure,
