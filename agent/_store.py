@@ -58,6 +58,8 @@ class HostLog:
         out = []
         try:
             with open(self.path, "rb") as f:
+                if offset >= os.fstat(f.fileno()).st_size:
+                    return out
                 f.seek(offset)
                 blob = f.read(limit)
         except FileNotFoundError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 import sys
@@ -48,6 +49,41 @@ def _local(args: argparse.Namespace) -> int:
     return 0
 
 
+def _jobs(args: argparse.Namespace) -> int:
+    import datetime
+
+    from ._jobs import attach, jobs
+
+    hosts = args.hosts or None
+    if args.action == "list":
+        rows = jobs(hosts)
+        print(f"{'JOB':<44} {'STATE':<10} {'ACCELERATOR':<18} {'CREATED':<19} DETAIL")
+        for j in rows:
+            created = datetime.datetime.fromtimestamp(j.created_at).strftime("%Y-%m-%d %H:%M:%S")
+            detail = j.detail if j.state != "QUEUED" else f"behind {j.queued_behind}"
+            print(f"{j.id:<44} {j.state:<10} {j.accelerator:<18} {created:<19} {detail}")
+        return 0
+    handle = attach(args.job_id, hosts)
+    if args.action == "status":
+        s = handle.status()
+        print(json.dumps(dataclasses.asdict(s), indent=2))
+    elif args.action == "logs":
+        if args.follow:
+            for text in handle.logs(host=args.host, follow=True):
+                sys.stdout.write(text)
+                sys.stdout.flush()
+        else:
+            sys.stdout.write(handle.logs(host=args.host))
+    elif args.action == "result":
+        print(repr(handle.result()))
+    elif args.action == "cancel":
+        print(handle.cancel().state)
+    elif args.action == "stacks":
+        for host, text in sorted(handle.stacks().items()):
+            print(f"===== host {host} =====\n{text.rstrip()}\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="remote-tpu", description="remote_tpu client tools")
     sub = p.add_subparsers(dest="command", required=True)
@@ -57,6 +93,23 @@ def main(argv: list[str] | None = None) -> int:
     loc = sub.add_parser("local", help="start a local simulated slice and keep it up")
     loc.add_argument("--accelerator", default="tpu-v4-16")
     loc.set_defaults(func=_local)
+    j = sub.add_parser("jobs", help="jobs on a slice: list, status, logs, result, cancel, "
+                                    "stacks (--hosts or REMOTE_TPU_HOSTS)")
+    jsub = j.add_subparsers(dest="action", required=True)
+    for action, text in (("list", "the jobs the gateway knows, newest first"),
+                         ("status", "one job's state"), ("logs", "a host's output"),
+                         ("result", "the value process 0 returned (or the error)"),
+                         ("cancel", "stop a job on every host"),
+                         ("stacks", "every host's Python stacks, now")):
+        a = jsub.add_parser(action, help=text)
+        a.add_argument("--hosts", default="", help="the gateway's address (any agent of "
+                                                   "the slice with worker 0 first)")
+        if action != "list":
+            a.add_argument("job_id")
+        if action == "logs":
+            a.add_argument("-f", "--follow", action="store_true")
+            a.add_argument("--host", type=int, default=None, help="host index (default 0)")
+    j.set_defaults(func=_jobs)
     args = p.parse_args(argv)
     if args.command == "local":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -41,9 +41,15 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str) -> None:
     hosts = describe_hosts(end.hosts)
     where = f"{accelerator}, job {job_id}"
     if end.state == pb.JOB_STATE_TIMED_OUT:
+        stacks = "".join(f"\n===== host {r.host} =====\n{r.stacks.rstrip()}\n"
+                         for r in end.hosts if r.stacks)
         raise JobTimeoutError(f"job {job_id} on {accelerator} {end.detail}; every host was "
-                              f"stopped. Final state of each host:\n{hosts}",
-                              hosts=end.hosts)
+                              f"stopped. Final state of each host:\n{hosts}"
+                              + (f"\nWhere each host was at the timeout:{stacks}"
+                                 if stacks else ""), hosts=end.hosts)
+    if end.state == pb.JOB_STATE_LOST:
+        raise JobFailedError(f"job {job_id} on {accelerator} was lost: {end.detail}",
+                             hosts=end.hosts)
     if end.state == pb.JOB_STATE_CANCELLED:
         raise JobFailedError(f"job {job_id} on {accelerator} was cancelled: "
                              f"{end.detail or 'no reason given'}. Final state of each "

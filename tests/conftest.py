@@ -77,6 +77,7 @@ class Agents:
         self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
         self.procs = []
         self.logs = []
+        self.cmds = []
         self.state_dirs = [tempfile.mkdtemp(prefix=f"agent-{i}-state-") for i in range(n)]
         for i, port in enumerate(self.ports):
             cmd = [sys.executable, "-m", "remote_tpu_agent", "--port", str(port),
@@ -85,15 +86,29 @@ class Agents:
             if peers:
                 cmd += ["--peers", ",".join(self.addresses)]
             cmd += extra or []
+            self.cmds.append(cmd)
             log = tempfile.NamedTemporaryFile(prefix=f"agent-{i}-", suffix=".log", delete=False)
             self.logs.append(log.name)
-            self.procs.append(subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=log, text=True,
-                env={**os.environ, TOKEN_ENV: self.tokens[i]}))
             log.close()
-        for proc, log in zip(self.procs, self.logs):
-            line = proc.stdout.readline()
-            assert line.startswith("remote-tpu-agent listening on "), self.log(log)
+            self.procs.append(self._spawn(i))
+        for i in range(n):
+            self._await(i)
+
+    def _spawn(self, i: int) -> subprocess.Popen:
+        with open(self.logs[i], "ab") as log:
+            return subprocess.Popen(self.cmds[i], stdout=subprocess.PIPE, stderr=log, text=True,
+                                    env={**os.environ, TOKEN_ENV: self.tokens[i]})
+
+    def _await(self, i: int) -> None:
+        line = self.procs[i].stdout.readline()
+        assert line.startswith("remote-tpu-agent listening on "), self.log(self.logs[i])
+
+    def restart(self, i: int) -> None:
+        """Start agent i again, same port and state directory (after it died)."""
+        self.procs[i].wait(10)
+        self.procs[i].stdout.close()
+        self.procs[i] = self._spawn(i)
+        self._await(i)
 
     @staticmethod
     def log(path: str) -> str:

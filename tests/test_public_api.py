@@ -28,6 +28,6 @@ def test_import_does_not_import_jax():
 
 
 def test_cli_version():
-    proc = run_python("from remote_tpu._cli import main; main(['version'])")
+    proc = run_python("from remote_tpu._cli import main; raise SystemExit(main(['version']))")
     assert proc.returncode == 0, proc.stderr
     assert f'"remote_tpu": "{remote_tpu.__version__}"' in proc.stdout
