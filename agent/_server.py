@@ -466,14 +466,15 @@ def _server_credentials(config: AgentConfig) -> grpc.ServerCredentials:
 
 def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:
     """Build (not start) the agent's server; port 0 binds an ephemeral port."""
-    options = channel_options() + [
-        ("grpc.max_concurrent_streams", 64),
-        # Notice a vanished caller within ~4 s: its attached job is then cancelled.
-        ("grpc.keepalive_time_ms", 2000),
-        ("grpc.keepalive_timeout_ms", 2000),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", 400),
-        ("grpc.http2.max_ping_strikes", 0),
-    ]
+    options = channel_options({
+        "grpc.max_concurrent_streams": 64,
+        # Notice a vanished caller within ~2.5 s: its attached job is then cancelled.
+        "grpc.keepalive_time_ms": 1000,
+        "grpc.keepalive_timeout_ms": 1500,
+        "grpc.http2.min_recv_ping_interval_without_data_ms": 400,
+        "grpc.http2.min_sent_ping_interval_without_data_ms": 1000,
+        "grpc.http2.max_ping_strikes": 0,
+    })
     interceptors = [TokenInterceptor(config.token)] if config.token else []
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=64,
                                                                thread_name_prefix="rpc"),

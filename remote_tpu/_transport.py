@@ -34,15 +34,19 @@ def versions_pb() -> pb.Versions:
                        jax=str(v["jax"]))
 
 
-def channel_options() -> list[tuple[str, int]]:
-    return [
-        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", 10_000),
-        ("grpc.keepalive_timeout_ms", 5_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-    ]
+def channel_options(overrides: dict[str, int | str] | None = None) -> list[tuple[str, int | str]]:
+    """gRPC options for our channels and servers; ``overrides`` replace defaults
+    (gRPC would silently keep the first of two equal keys)."""
+    options: dict[str, int | str] = {
+        "grpc.max_send_message_length": MAX_MESSAGE_BYTES,
+        "grpc.max_receive_message_length": MAX_MESSAGE_BYTES,
+        "grpc.keepalive_time_ms": 10_000,
+        "grpc.keepalive_timeout_ms": 5_000,
+        "grpc.keepalive_permit_without_calls": 1,
+        "grpc.http2.max_pings_without_data": 0,
+    }
+    options.update(overrides or {})
+    return list(options.items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,17 +62,18 @@ class Credentials:
         return ((TOKEN_METADATA_KEY, self.token),) if self.token else ()
 
     def channel(self, address: str) -> grpc.Channel:
-        options: list = channel_options()
+        overrides: dict[str, int | str] = {}
         if self.keepalive:
             half = max(500, int(self.keepalive * 500))
-            options += [("grpc.keepalive_time_ms", half), ("grpc.keepalive_timeout_ms", half)]
+            overrides = {"grpc.keepalive_time_ms": half, "grpc.keepalive_timeout_ms": half}
+        if self.tls is not None and self.tls.server_name:
+            overrides["grpc.ssl_target_name_override"] = self.tls.server_name
+        options = channel_options(overrides)
         if self.tls is None:
             return grpc.insecure_channel(address, options=options)
         ca, key, cert = self.tls.read()
         creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key,
                                              certificate_chain=cert)
-        if self.tls.server_name:
-            options.append(("grpc.ssl_target_name_override", self.tls.server_name))
         return grpc.secure_channel(address, creds, options=options)
 
 
