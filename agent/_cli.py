@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -17,11 +18,12 @@ import threading
 from remote_tpu._auth import (TOKEN_ENV, check_token, default_token_file, is_loopback,
                               new_token, read_token_file, write_token_file)
 from remote_tpu._exceptions import ConfigurationError
-from remote_tpu._options import DEFAULT_AGENT_PORT
+from remote_tpu._options import DEFAULT_AGENT_PORT, normalize_address
 from remote_tpu._version import __version__
 
-from ._discovery import Slice
+from ._discovery import discover
 from ._server import AgentConfig, create_server
+from ._tpu import DEFAULT_DEVICES, DEFAULT_LOCKFILE
 
 log = logging.getLogger("remote_tpu_agent")
 READY_PREFIX = "remote-tpu-agent listening on "
@@ -40,10 +42,15 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-address", default="",
                    help="address peers reach this host at (default: --host, or this "
                         "machine's hostname address when listening on all interfaces)")
-    p.add_argument("--worker-id", type=int, default=0,
-                   help="this host's index in the slice (0 = gateway)")
+    p.add_argument("--worker-id", type=int, default=None,
+                   help="this host's index in the slice (0 = gateway); default: from "
+                        "TPU_WORKER_ID or the TPU metadata server, else 0")
     p.add_argument("--peers", default="",
-                   help="comma-separated agent addresses of every host, index = worker id")
+                   help="comma-separated agent addresses of every host, index = worker id; "
+                        "default: from TPU_WORKER_HOSTNAMES or the TPU metadata server")
+    p.add_argument("--print-slice", action="store_true",
+                   help="print the slice this agent finds (worker id, peers, accelerator, "
+                        "and where they came from) and exit")
     p.add_argument("--simulate-devices", type=int, default=0, metavar="K",
                    help="run JAX on CPU with K devices per process (local slice, tests)")
     p.add_argument("--state-dir", default="",
@@ -70,6 +77,14 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--pass-env", default="",
                    help="comma-separated names of this agent's environment variables that "
                         "user functions may see (beyond PATH, HOME, locale, TPU/JAX/XLA ...)")
+    p.add_argument("--tpu-lockfile", default=DEFAULT_LOCKFILE,
+                   help=f"libtpu's lock file (default {DEFAULT_LOCKFILE})")
+    p.add_argument("--tpu-devices", default=",".join(DEFAULT_DEVICES),
+                   help="comma-separated globs of the TPU device files (default "
+                        f"{','.join(DEFAULT_DEVICES)})")
+    p.add_argument("--kill-tpu-holders", action="store_true",
+                   help="kill a process that is not ours holding the TPU, instead of "
+                        "failing the job")
     p.add_argument("--max-payload-bytes", type=int, default=16 << 30,
                    help="largest function + arguments accepted (default 16 GiB)")
     p.add_argument("--exit-with-stdin", action="store_true",
@@ -154,6 +169,16 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.simulate_devices < 0:
         parser.error("--simulate-devices must be >= 0")
+    peers = tuple(normalize_address(p) for p in args.peers.split(",") if p.strip())
+    try:
+        found = discover(port=args.port, worker_id=args.worker_id, peers=peers)
+    except ConfigurationError as exc:
+        print(f"remote-tpu-agent: cannot tell this host's place in its slice: {exc}",
+              file=sys.stderr)
+        return 2
+    if args.print_slice:
+        print(json.dumps(found.describe(), indent=2))
+        return 0
     try:
         token = _resolve_token(args)
     except ConfigurationError as exc:
@@ -167,13 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("*** INSECURE: %s%s. Anyone who can reach %s:%d can run code as this "
                     "user. ***", "no token" if token is None else "token set",
                     "" if args.tls_cert else ", no TLS", args.host, args.port)
-    peers = tuple(p.strip() for p in args.peers.split(",") if p.strip())
     config = AgentConfig(
-        host=args.host, port=args.port, advertise=args.advertise_address,
-        slice=Slice(worker_id=args.worker_id, peers=peers),
+        host=args.host, port=args.port, advertise=args.advertise_address, slice=found,
         simulate_devices=args.simulate_devices, token=token,
         state_dir=args.state_dir or _default_state_dir(args.port),
         keep_jobs=args.keep_jobs, peer_timeout=args.peer_timeout,
+        tpu_lockfile=args.tpu_lockfile, kill_tpu_holders=args.kill_tpu_holders,
+        tpu_devices=tuple(d.strip() for d in args.tpu_devices.split(",") if d.strip()),
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, mtls=args.mtls,
         pass_env=frozenset(n.strip() for n in args.pass_env.split(",") if n.strip()),
         max_payload_bytes=args.max_payload_bytes)
@@ -194,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             stop.set()
         threading.Thread(target=watch_stdin, daemon=True).start()
     print(f"{READY_PREFIX}{args.host}:{port}", flush=True)
-    log.info("remote-tpu-agent %s listening on %s:%d (worker %d, advertise %s, %s, %s)",
-             __version__, args.host, port, args.worker_id, service.address,
+    log.info("remote-tpu-agent %s listening on %s:%d (worker %d of %d from %s, advertise %s, "
+             "%s, %s)", __version__, args.host, port, found.worker_id,
+             max(1, len(found.peers)), found.source, service.address,
              "TLS" + (" + client certificates" if args.mtls else "") if args.tls_cert
              else "no TLS", "token required" if token else "NO TOKEN")
     stop.wait()

@@ -1,19 +1,187 @@
-"""Who this agent is and who its peers are.
+"""Who this agent is and who its peers are, found the way JAX finds them.
 
-Today: explicit configuration (``--worker-id``, ``--peers``) or the host list a
-client sends. The TPU metadata server and TPU environment variables come next.
+Sources, in order:
+1. explicit flags (``--worker-id``, ``--peers``): what the operator said wins;
+2. the environment, as GKE sets it: ``TPU_WORKER_ID``, ``TPU_WORKER_HOSTNAMES``
+   (comma separated, in worker order), ``TPU_ACCELERATOR_TYPE``;
+3. the GCE metadata server of a TPU VM: ``instance/attributes/agent-worker-number``,
+   ``worker-network-endpoints`` (hostnames, or ``name:id:ip`` triples),
+   ``accelerator-type`` and ``tpu-env``, asked with ``Metadata-Flavor: Google``,
+   short timeouts and a few retries. ``GCE_METADATA_IP`` (the variable JAX
+   reads for the same purpose) points it elsewhere, e.g. at a test stand-in;
+4. none of these: a one-host slice.
+
+Every agent of a slice listens on the same port, so a peer's agent address is
+its host and this agent's port.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+
+from remote_tpu._exceptions import ConfigurationError
+from remote_tpu._options import join_host_port
+from remote_tpu._topology import Topology
+
+log = logging.getLogger(__name__)
+
+METADATA_HOST_ENV = "GCE_METADATA_IP"
+_DEFAULT_METADATA_HOST = "metadata.google.internal"
 
 
 @dataclasses.dataclass(frozen=True)
 class Slice:
     worker_id: int = 0
     peers: tuple[str, ...] = ()   # every agent of the slice, index = worker id
+    accelerator: str = ""         # e.g. "v5p-32", when a source says
+    source: str = "none"          # "flags", "environment", "metadata" or "none"
+
+    def describe(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class MetadataServer:
+    """A small client of the GCE metadata server (or a stand-in)."""
+
+    def __init__(self, host: str | None = None, *, timeout: float = 1.0,
+                 attempts: int = 3) -> None:
+        self.host = host or os.environ.get(METADATA_HOST_ENV) or _DEFAULT_METADATA_HOST
+        self.timeout = timeout
+        self.attempts = attempts
+
+    def get(self, path: str) -> str | None:
+        """The value at ``computeMetadata/v1/<path>``; None when it does not exist.
+        Raises ConfigurationError when the server cannot be asked."""
+        url = f"http://{self.host}/computeMetadata/v1/{path}"
+        request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
+        last = ""
+        for attempt in range(self.attempts):
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as reply:
+                    if reply.headers.get("Metadata-Flavor") != "Google":
+                        raise ConfigurationError(
+                            f"{url} answered without the 'Metadata-Flavor: Google' header: "
+                            f"it is not a metadata server (check {METADATA_HOST_ENV})")
+                    return reply.read().decode().strip()
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:
+                    return None
+                last = f"HTTP {exc.code}"
+                if exc.code < 500:
+                    break
+            except (urllib.error.URLError, OSError, TimeoutError) as exc:
+                last = str(getattr(exc, "reason", exc))
+            if attempt + 1 < self.attempts:
+                time.sleep(0.2 * (attempt + 1))
+        raise ConfigurationError(f"the metadata server at {self.host} did not answer "
+                                 f"{path} ({last})")
+
+    def attribute(self, key: str) -> str | None:
+        return self.get(f"instance/attributes/{key}")
+
+
+def _worker_id(value: str, source: str) -> int:
+    try:
+        worker = int(value)
+    except ValueError:
+        raise ConfigurationError(f"{source} {value!r} is not a worker index (0, 1, ...)") \
+            from None
+    if worker < 0:
+        raise ConfigurationError(f"{source} {value!r} is not a worker index (0, 1, ...)")
+    return worker
+
+
+def _hosts_from_endpoints(value: str, source: str) -> list[str]:
+    hosts = []
+    for item in (v.strip() for v in value.split(",")):
+        if not item:
+            continue
+        parts = item.split(":")
+        if len(parts) == 1:
+            hosts.append(parts[0])
+        elif len(parts) == 3:        # name:id:ip, the older format
+            hosts.append(parts[2])
+        else:
+            raise ConfigurationError(f"{source}: cannot read the endpoint {item!r} (expected "
+                                     "a hostname or name:id:ip)")
+    if not hosts:
+        raise ConfigurationError(f"{source} lists no workers")
+    return hosts
+
+
+def _accelerator(value: str | None, source: str) -> str:
+    if not value:
+        return ""
+    try:
+        Topology.parse(value)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{source}: {exc}") from None
+    return value
+
+
+def _check(worker: int, hosts: list[str], source: str) -> None:
+    if worker >= len(hosts):
+        raise ConfigurationError(f"{source}: worker {worker} is not among the "
+                                 f"{len(hosts)} workers listed ({', '.join(hosts)})")
+
+
+def discover(*, port: int, worker_id: int | None = None, peers: tuple[str, ...] = (),
+             env: Mapping[str, str] | None = None,
+             metadata: MetadataServer | None = None, use_metadata: bool = True) -> Slice:
+    """Find this agent's place in its slice; see the module docstring."""
+    env = os.environ if env is None else env
+    if peers or worker_id is not None:
+        log.debug("slice from flags: worker %s, peers %s", worker_id, peers)
+        worker = worker_id or 0
+        if peers:
+            _check(worker, list(peers), "--peers")
+        return Slice(worker_id=worker, peers=tuple(peers), source="flags")
+    hostnames = env.get("TPU_WORKER_HOSTNAMES")
+    if hostnames and env.get("TPU_WORKER_ID") is not None:
+        hosts = _hosts_from_endpoints(hostnames, "TPU_WORKER_HOSTNAMES")
+        worker = _worker_id(env["TPU_WORKER_ID"], "TPU_WORKER_ID")
+        _check(worker, hosts, "TPU_WORKER_HOSTNAMES")
+        log.debug("slice from the environment: worker %d of %s", worker, hosts)
+        return Slice(worker_id=worker, peers=tuple(join_host_port(h, port) for h in hosts),
+                     accelerator=_accelerator(env.get("TPU_ACCELERATOR_TYPE"),
+                                              "TPU_ACCELERATOR_TYPE"),
+                     source="environment")
+    log.debug("environment rejected: TPU_WORKER_HOSTNAMES=%r TPU_WORKER_ID=%r", hostnames,
+              env.get("TPU_WORKER_ID"))
+    if not use_metadata or env.get("TPU_SKIP_MDS_QUERY") is not None:
+        log.debug("metadata server not asked")
+        return Slice()
+    server = metadata or MetadataServer()
+    try:
+        number = server.attribute("agent-worker-number")
+    except ConfigurationError as exc:
+        if METADATA_HOST_ENV in env:
+            raise        # pointed at one on purpose: say what went wrong
+        log.debug("metadata server rejected: %s", exc)
+        return Slice()
+    if number is None:
+        log.debug("metadata server rejected: no agent-worker-number (not a TPU VM)")
+        return Slice()
+    worker = _worker_id(number, "metadata agent-worker-number")
+    endpoints = server.attribute("worker-network-endpoints")
+    if not endpoints:
+        raise ConfigurationError("the metadata server has agent-worker-number but no "
+                                 "worker-network-endpoints")
+    hosts = _hosts_from_endpoints(endpoints, "metadata worker-network-endpoints")
+    _check(worker, hosts, "metadata worker-network-endpoints")
+    accelerator = _accelerator(server.attribute("accelerator-type"),
+                               "metadata accelerator-type")
+    log.debug("slice from the metadata server: worker %d of %s (%s)", worker, hosts,
+              accelerator)
+    return Slice(worker_id=worker, peers=tuple(join_host_port(h, port) for h in hosts),
+                 accelerator=accelerator, source="metadata")
 
 
 def advertise_address(bind_host: str, explicit: str = "") -> str:

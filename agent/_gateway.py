@@ -27,6 +27,7 @@ from remote_tpu._transport import Credentials
 from . import _worker
 from ._peers import RemoteHost
 from ._runner import WorkerRun
+from ._tpu import TpuBusy, TpuGuard
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,8 @@ class GatewayJob:
 
     def __init__(self, *, spec: pb.JobSpec, hosts: Sequence[str], job_dir: str,
                  payload_path: str, advertise: str, env_for,
-                 peer_credentials: Credentials) -> None:
+                 peer_credentials: Credentials, tpu: TpuGuard | None = None) -> None:
+        self.tpu = tpu
         self.spec = spec
         self.n = len(hosts)
         self.events: queue.Queue = queue.Queue()
@@ -128,6 +130,8 @@ class GatewayJob:
         finally:
             for h in self.handles:
                 h.close()
+            if self.tpu is not None:
+                self.tpu.release()
             self.ended.set()
 
     def _preflight(self) -> list[pb.HostReport]:
@@ -136,6 +140,14 @@ class GatewayJob:
         with concurrent.futures.ThreadPoolExecutor(max(1, len(self.remotes))) as pool:
             problems = list(pool.map(lambda r: r.preflight(), self.remotes))
         refused = []
+        if self.tpu is not None:
+            try:
+                self.tpu.prepare()
+            except TpuBusy as exc:
+                report = pb.HostReport(host=0, state=pb.HOST_STATE_LOST, finished_at=time.time(),
+                                       detail=f"cannot start: {exc}")
+                self.reports[0] = report
+                refused.append(report)
         for remote, problem in zip(self.remotes, problems):
             if problem:
                 report = pb.HostReport(host=remote.host, state=pb.HOST_STATE_LOST,

@@ -53,6 +53,8 @@ class RemoteHost:
         if reply.versions.protocol != mine:
             return (f"agent at {self.address} speaks protocol {reply.versions.protocol} "
                     f"(remote_tpu {reply.versions.remote_tpu}), the gateway {mine}")
+        if reply.tpu_busy:
+            return f"cannot start on {self.address}: {reply.tpu_busy}"
         return ""
 
     def start(self) -> None:

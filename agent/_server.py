@@ -31,6 +31,7 @@ from ._guard import TokenInterceptor
 from ._runner import WorkerRun, passed_environment, worker_env
 from ._scheduler import Scheduler
 from ._store import JobRecord, JobStore
+from ._tpu import DEFAULT_DEVICES, DEFAULT_LOCKFILE, TpuBusy, TpuGuard
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class AgentConfig:
     mtls: bool = False                  # demand a client certificate signed by tls_ca
     pass_env: frozenset[str] = frozenset()   # more of the agent's variables for workers
     keep_jobs: int = 100                # finished jobs kept in the store
+    tpu_lockfile: str = DEFAULT_LOCKFILE
+    tpu_devices: tuple[str, ...] = DEFAULT_DEVICES
+    kill_tpu_holders: bool = False
     peer_timeout: float = 10.0          # a silent peer is lost after this many seconds
 
     @property
@@ -77,6 +81,7 @@ class AgentService(pb_grpc.AgentServicer):
         self.port = config.port          # the bound port, once create_server has bound it
         self.state_dir = config.state_dir or tempfile.mkdtemp(prefix="remote-tpu-agent-")
         self.store = JobStore(self.state_dir, keep=config.keep_jobs)
+        self.tpu = TpuGuard(config.tpu_lockfile, config.tpu_devices, config.kill_tpu_holders)
         self.scheduler = Scheduler(self._make_job)
         self._peer_busy = threading.Lock()
         self._peer_runs: dict[str, WorkerRun] = {}
@@ -89,10 +94,12 @@ class AgentService(pb_grpc.AgentServicer):
     # ------------------------------------------------------------ RPCs
 
     def Health(self, request: pb.HealthRequest, context: grpc.ServicerContext) -> pb.HealthReply:
+        found = self.config.slice
         return pb.HealthReply(versions=versions_pb(), agent_address=self.endpoint,
-                              worker_id=self.config.slice.worker_id,
-                              peers=self.config.slice.peers,
-                              simulate_devices=self.config.simulate_devices)
+                              worker_id=found.worker_id, peers=found.peers,
+                              simulate_devices=self.config.simulate_devices,
+                              accelerator=found.accelerator, slice_source=found.source,
+                              tpu_busy=self.tpu.busy())
 
     def Submit(self, request_iterator: Iterator[pb.RunRequest],
                context: grpc.ServicerContext) -> pb.JobStatus:
@@ -216,6 +223,7 @@ class AgentService(pb_grpc.AgentServicer):
         return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
                           payload_path=os.path.join(record.dir, _worker.PAYLOAD_FILE),
                           advertise=self.address, peer_credentials=self.config.peer_credentials,
+                          tpu=self.tpu,
                           env_for=lambda i, coord: self._env_for(spec, i, coord))
 
     def _watch(self, record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
@@ -315,12 +323,22 @@ class AgentService(pb_grpc.AgentServicer):
             topology = Topology.parse(spec.accelerator)
         except ValueError as exc:
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "config", str(exc)) from None
-        peers = self.config.slice.peers
-        if not spec.hosts and peers and self.config.slice.worker_id != 0:
+        found = self.config.slice
+        peers = found.peers
+        if not spec.hosts and peers and found.worker_id != 0:
+            # Any host can answer: the client follows this to worker 0.
             raise _Refused(
-                grpc.StatusCode.FAILED_PRECONDITION, "config",
-                f"the agent at {self.endpoint} is worker {self.config.slice.worker_id} of its "
-                f"slice; the gateway must be worker 0: point hosts= at {peers[0]}")
+                grpc.StatusCode.FAILED_PRECONDITION, f"redirect {peers[0]}",
+                f"the agent at {self.endpoint} is worker {found.worker_id} of its slice; "
+                f"the gateway is worker 0 at {peers[0]}")
+        if found.accelerator and not spec.hosts:
+            mine = Topology.parse(found.accelerator)
+            if mine.name != topology.name:
+                raise _Refused(
+                    grpc.StatusCode.FAILED_PRECONDITION, "config",
+                    f"asked for {topology.name}, {topology.hosts} host(s); this slice is "
+                    f"{mine.name.removeprefix('tpu-')}, {mine.hosts} host(s) (from its "
+                    f"{found.source}). Use accelerator={mine.name!r}.")
         hosts = list(spec.hosts) or list(peers) or [self.endpoint]
         if len(hosts) != topology.hosts:
             raise _Refused(
@@ -378,6 +396,12 @@ class AgentService(pb_grpc.AgentServicer):
                                               f"job {spec.job_id} already ran on this host"))
             self._receive_payload(spec, requests, os.path.join(record.dir, _worker.PAYLOAD_FILE),
                                   context)
+            try:
+                self.tpu.prepare()
+            except TpuBusy as exc:
+                record.set_phase(pb.JOB_PHASE_FAILED, str(exc))
+                self._abort(context, _Refused(grpc.StatusCode.FAILED_PRECONDITION, "busy",
+                                              f"host {self.endpoint}: {exc}"))
             record.set_phase(pb.JOB_PHASE_RUNNING)
             yield from self._peer_events(spec, requests, record, context)
         finally:
@@ -435,6 +459,7 @@ class AgentService(pb_grpc.AgentServicer):
             run.close()
             run.finished.wait(5)
             self._peer_runs.pop(spec.job_id, None)
+            self.tpu.release()
             record.set_phase(final, "" if final != pb.JOB_PHASE_LOST else
                              "the gateway went away before this host finished")
 

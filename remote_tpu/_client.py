@@ -23,7 +23,7 @@ from ._proto import remote_tpu_pb2 as pb
 from ._proto import remote_tpu_pb2_grpc as pb_grpc
 from ._render import OutputRenderer
 from ._serialization import Payload, loads
-from ._transport import Credentials, error_from_rpc, versions_pb
+from ._transport import Credentials, Redirect, error_from_rpc, versions_pb
 
 _STREAM_MODES = {"leader": pb.STREAM_MODE_LEADER, "all": pb.STREAM_MODE_ALL,
                  "none": pb.STREAM_MODE_NONE}
@@ -82,9 +82,17 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
     on every host if this call is interrupted or this process goes away."""
     gateway, hosts, credentials = _target(options)
     spec = _spec(options, payload, job_id, hosts)
+    try:
+        return _attached(gateway, spec, payload, credentials, options)
+    except Redirect as redirect:        # any host can answer: go to worker 0
+        return _attached(redirect.address, spec, payload, credentials, options)
+
+
+def _attached(gateway: str, spec: pb.JobSpec, payload: Payload, credentials: Credentials,
+              options: RunOptions) -> Any:
     stub = pb_grpc.AgentStub(_channel(gateway, credentials))
     stream = stub.Run(_requests(spec, payload), metadata=credentials.metadata)
-    return outcome(stream, OutputRenderer(options.stream), gateway=gateway, job_id=job_id,
+    return outcome(stream, OutputRenderer(options.stream), gateway=gateway, job_id=spec.job_id,
                    accelerator=options.topology.name)
 
 
@@ -95,6 +103,16 @@ def submit(options: RunOptions, payload: Payload, job_id: str):
 
     gateway, hosts, credentials = _target(options)
     spec = _spec(options, payload, job_id, hosts)
+    try:
+        _submit(gateway, spec, payload, credentials)
+    except Redirect as redirect:
+        gateway = redirect.address
+        _submit(gateway, spec, payload, credentials)
+    return JobHandle(job_id, gateway=gateway, credentials=credentials,
+                     accelerator=options.topology.name, local=options.local)
+
+
+def _submit(gateway: str, spec: pb.JobSpec, payload: Payload, credentials: Credentials) -> None:
     stub = pb_grpc.AgentStub(_channel(gateway, credentials))
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(4), reraise=True,
@@ -106,8 +124,6 @@ def submit(options: RunOptions, payload: Payload, job_id: str):
                                      timeout=600))
     except grpc.RpcError as exc:
         raise error_from_rpc(exc, gateway) from None
-    return JobHandle(job_id, gateway=gateway, credentials=credentials,
-                     accelerator=options.topology.name, local=options.local)
 
 
 def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,

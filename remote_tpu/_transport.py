@@ -26,6 +26,15 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024    # our messages are <= 1 MiB chunks plus a
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE,)
 
 
+class Redirect(RemoteTPUError):
+    """The agent asked is not the slice's gateway; ``address`` is. Followed by
+    the client, never shown to users unless following fails."""
+
+    def __init__(self, address: str, message: str) -> None:
+        super().__init__(message)
+        self.address = address
+
+
 def versions_pb() -> pb.Versions:
     """This process's versions, as sent on the wire."""
     v = local_versions()
@@ -86,6 +95,8 @@ def error_from_rpc(exc: grpc.RpcError, address: str) -> RemoteTPUError:
     for key, value in trailing or ():
         if key == ERROR_KIND_KEY:
             kind = value
+    if kind.startswith("redirect "):
+        return Redirect(kind.removeprefix("redirect "), details)
     if kind in _KINDS:
         return _KINDS[kind](details)
     if code == grpc.StatusCode.UNAUTHENTICATED:

@@ -16,7 +16,7 @@ from conftest import Agents, live_workers, wait_until
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._auth import TOKEN_METADATA_KEY
-from remote_tpu._transport import Credentials, error_from_rpc, health, versions_pb
+from remote_tpu._transport import Credentials, Redirect, error_from_rpc, health, versions_pb
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,11 +74,21 @@ def test_gateway_address_alone_reaches_its_configured_peers(two_agents):
     assert g() == (3, 2, 2)
 
 
-def test_worker_other_than_zero_refuses_to_be_gateway(two_agents):
+def test_any_host_can_answer_the_client_follows_to_worker_0(two_agents):
     err = _refusal(two_agents.addresses[1], _spec(accelerator="tpu-v4-16", num_hosts=2),
                    two_agents.token)
-    assert isinstance(err, remote_tpu.ConfigurationError)
-    assert f"point hosts= at {two_agents.addresses[0]}" in str(err)
+    assert isinstance(err, Redirect) and err.address == two_agents.addresses[0]
+
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[1],
+                    token=two_agents.token)
+    def where():
+        import jax
+        return jax.process_index(), jax.process_count()
+
+    assert where() == (0, 2)
+    handle = where.submit()
+    assert handle.result() == (0, 2)
+    assert repr(handle).endswith(f"at {two_agents.addresses[0]}>")
 
 
 def test_health_reports_versions_and_slice(two_agents):

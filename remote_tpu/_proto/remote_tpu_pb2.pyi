@@ -189,18 +189,24 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthReply(_message.Message):
-    __slots__ = ("versions", "agent_address", "worker_id", "peers", "simulate_devices")
+    __slots__ = ("versions", "agent_address", "worker_id", "peers", "simulate_devices", "accelerator", "tpu_busy", "slice_source")
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     SIMULATE_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
+    TPU_BUSY_FIELD_NUMBER: _ClassVar[int]
+    SLICE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     versions: Versions
     agent_address: str
     worker_id: int
     peers: _containers.RepeatedScalarFieldContainer[str]
     simulate_devices: int
-    def __init__(self, versions: _Optional[_Union[Versions, _Mapping]] = ..., agent_address: _Optional[str] = ..., worker_id: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ..., simulate_devices: _Optional[int] = ...) -> None: ...
+    accelerator: str
+    tpu_busy: str
+    slice_source: str
+    def __init__(self, versions: _Optional[_Union[Versions, _Mapping]] = ..., agent_address: _Optional[str] = ..., worker_id: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ..., simulate_devices: _Optional[int] = ..., accelerator: _Optional[str] = ..., tpu_busy: _Optional[str] = ..., slice_source: _Optional[str] = ...) -> None: ...
 
 class JaxTimeouts(_message.Message):
     __slots__ = ("initialization_seconds", "heartbeat_seconds", "shutdown_seconds")
