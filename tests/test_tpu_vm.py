@@ -1,0 +1,260 @@
+"""Real TPU VMs, through faithful stand-ins: the metadata server (a real HTTP
+server), TPU environment variables, the libtpu lock file and device files held
+by real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+import remote_tpu
+from conftest import free_port
+from metadata_server import MetadataStandIn, tpu_vm
+from remote_tpu._auth import TOKEN_ENV, new_token
+from remote_tpu._exceptions import ConfigurationError
+from remote_tpu_agent._discovery import MetadataServer, discover
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("accelerator, n", [
+    ("v4-16", 2), ("v5p-32", 4), ("v5litepod-16", 4), ("v6e-8", 1)])
+def test_each_worker_discovers_itself_from_its_metadata_server(accelerator, n):
+    hosts = [f"10.0.0.{i + 2}" for i in range(n)]
+    for worker in range(n):
+        server = tpu_vm(worker, hosts, accelerator)
+        try:
+            found = discover(port=8475, env={}, metadata=MetadataServer(server.address))
+        finally:
+            server.close()
+        assert found.worker_id == worker and found.source == "metadata"
+        assert found.peers == tuple(f"{h}:8475" for h in hosts)
+        assert found.accelerator == accelerator
+        assert all(flavor == "Google" for _, flavor in server.requests)
+
+
+def test_new_style_endpoints_and_the_environment_as_gke_sets_it():
+    server = MetadataStandIn({"agent-worker-number": "1",
+                              "worker-network-endpoints": "t1k-w-0,t1k-w-1"})
+    try:
+        found = discover(port=9000, env={}, metadata=MetadataServer(server.address))
+    finally:
+        server.close()
+    assert found.peers == ("t1k-w-0:9000", "t1k-w-1:9000") and found.accelerator == ""
+    env = {"TPU_WORKER_ID": "2", "TPU_WORKER_HOSTNAMES": "a,b,c,d",
+           "TPU_ACCELERATOR_TYPE": "v5p-32"}
+    found = discover(port=8475, env=env, metadata=MetadataServer("127.0.0.1:9"))
+    assert (found.worker_id, found.source, found.accelerator) == (2, "environment", "v5p-32")
+    assert found.peers[2] == "c:8475"
+    flags = discover(port=8475, worker_id=1, peers=("x:1", "y:1"), env=env)
+    assert flags.source == "flags" and flags.worker_id == 1
+
+
+@pytest.mark.parametrize("attributes, message", [
+    ({"agent-worker-number": "abc", "worker-network-endpoints": "a"},
+     "agent-worker-number 'abc' is not a worker index"),
+    ({"agent-worker-number": "3", "worker-network-endpoints": "a,b"},
+     "worker 3 is not among the 2 workers"),
+    ({"agent-worker-number": "0", "worker-network-endpoints": "a:b"},
+     "cannot read the endpoint 'a:b'"),
+    ({"agent-worker-number": "0", "worker-network-endpoints": "a",
+      "accelerator-type": "v9x-3"}, "unknown TPU version 'v9x'"),
+    ({"agent-worker-number": "0"}, "no worker-network-endpoints"),
+])
+def test_garbage_metadata_is_a_clear_error(attributes, message):
+    server = MetadataStandIn(attributes)
+    try:
+        with pytest.raises(ConfigurationError, match=message):
+            discover(port=8475, env={}, metadata=MetadataServer(server.address))
+    finally:
+        server.close()
+
+
+def test_not_a_metadata_server_slow_server_and_no_server():
+    impostor = MetadataStandIn({"agent-worker-number": "0"}, flavor_header=False)
+    slow = MetadataStandIn({"agent-worker-number": "0"}, delay=1.0)
+    try:
+        with pytest.raises(ConfigurationError, match="without the 'Metadata-Flavor: Google'"):
+            discover(port=1, env={"GCE_METADATA_IP": impostor.address},
+                     metadata=MetadataServer(impostor.address))
+        start = time.monotonic()
+        with pytest.raises(ConfigurationError, match="did not answer"):
+            discover(port=1, env={"GCE_METADATA_IP": slow.address},
+                     metadata=MetadataServer(slow.address, timeout=0.2, attempts=2))
+        assert time.monotonic() - start < 3
+    finally:
+        impostor.close()
+        slow.close()
+    # The stand-in is faithful: without the header the real server refuses too.
+    import urllib.error
+    import urllib.request
+    server = MetadataStandIn({"agent-worker-number": "0"})
+    try:
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(f"http://{server.address}/computeMetadata/v1/instance/"
+                                   "attributes/agent-worker-number", timeout=2)
+        assert info.value.code == 403
+    finally:
+        server.close()
+    # Not on a TPU VM at all (nothing listens): a one-host slice, quickly.
+    found = discover(port=1, env={}, metadata=MetadataServer(f"127.0.0.1:{free_port()}",
+                                                             timeout=0.2, attempts=1))
+    assert found.source == "none" and found.peers == ()
+
+
+def test_print_slice():
+    server = tpu_vm(1, ["10.1.0.5", "10.1.0.6"], "v4-16")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--print-slice"],
+                              capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "GCE_METADATA_IP": server.address})
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"worker_id": 1, "peers": ["10.1.0.5:8475",
+                                                                 "10.1.0.6:8475"],
+                                       "accelerator": "v4-16", "source": "metadata"}
+
+
+class MetadataSlice:
+    """Agents on 127.0.0.2, 127.0.0.3, ... (one port, like TPU VMs), each told
+    who it is only by its own metadata stand-in."""
+
+    def __init__(self, accelerator: str, n: int, extra: list[str] | None = None) -> None:
+        self.token = new_token()
+        self.port = free_port()
+        self.ips = [f"127.0.0.{i + 2}" for i in range(n)]
+        self.addresses = [f"{ip}:{self.port}" for ip in self.ips]
+        self.servers = [tpu_vm(i, self.ips, accelerator) for i in range(n)]
+        self.dir = tempfile.mkdtemp(prefix="tpu-vm-")
+        self.procs = []
+        for i, ip in enumerate(self.ips):
+            env = {**os.environ, TOKEN_ENV: self.token,
+                   "GCE_METADATA_IP": self.servers[i].address}
+            cmd = [sys.executable, "-m", "remote_tpu_agent", "--host", ip, "--port",
+                   str(self.port), "--simulate-devices", "2", "--log-level", "WARNING",
+                   "--state-dir", os.path.join(self.dir, f"state-{i}"), *(extra or [])]
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                               stderr=subprocess.DEVNULL, text=True, env=env))
+        for proc in self.procs:
+            assert proc.stdout.readline().startswith("remote-tpu-agent listening on")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            proc.wait(10)
+            proc.stdout.close()
+        for server in self.servers:
+            server.close()
+
+
+@pytest.mark.slow
+def test_agents_from_metadata_run_a_collective_with_the_client_at_worker_1():
+    vm = MetadataSlice("v4-16", 2)
+    try:
+        @remote_tpu.run(accelerator="tpu-v4-16", hosts=vm.addresses[1], token=vm.token)
+        def total():
+            import jax
+            import jax.numpy as jnp
+            from jax.experimental import multihost_utils
+            ones = multihost_utils.process_allgather(jnp.ones(jax.local_device_count()))
+            return float(ones.sum()), jax.process_index(), os.environ["JAX_COORDINATOR_ADDRESS"]
+
+        value, index, coordinator = total()
+        assert (value, index) == (4.0, 0)
+        assert coordinator.startswith("127.0.0.2:")       # worker 0 is the coordinator
+
+        wrong = remote_tpu.run(accelerator="tpu-v4-32", hosts=vm.addresses[0],
+                               token=vm.token)(len)
+        with pytest.raises(ConfigurationError) as info:
+            wrong([])
+        assert ("asked for tpu-v4-32, 4 host(s); this slice is v4-16, 2 host(s)"
+                in str(info.value))
+    finally:
+        vm.stop()
+
+
+# ---------------------------------------------------------------- TPU locks
+
+
+def _hold(path: str) -> subprocess.Popen:
+    """A live process that is not ours holding ``path`` open, as libtpu would."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                             f"f = open({path!r}, 'a')\nprint('holding', flush=True)\n"
+                             "time.sleep(300)"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "holding"
+    return proc
+
+
+@pytest.fixture
+def tpu_files(tmp_path):
+    lock = tmp_path / "libtpu_lockfile"
+    device = tmp_path / "accel0"
+    device.write_text("")
+    return lock, device
+
+
+def _lone_agent(tpu_files, *extra):
+    from conftest import Agents
+    lock, device = tpu_files
+    return Agents(1, peers=False, extra=["--tpu-lockfile", str(lock), "--tpu-devices",
+                                         str(device.parent / "accel*"), *extra])
+
+
+def _use_tpu(agents, device):
+    @remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0],
+                    token=agents.token)
+    def use(kill_self=False):
+        held = open(device, "a")         # like libtpu: the device stays open while we run
+        if kill_self:
+            os.kill(os.getpid(), signal.SIGKILL)
+        held.close()
+        return "ran"
+    return use
+
+
+def test_stale_lock_is_removed_and_a_live_foreign_holder_blocks(tpu_files):
+    lock, device = tpu_files
+    agents = _lone_agent(tpu_files)
+    try:
+        use = _use_tpu(agents, device)
+        lock.write_text("left by a process that died\n")
+        assert use() == "ran"
+        assert not lock.exists(), "the stale lock was left"
+        holder = _hold(str(device))
+        try:
+            with pytest.raises(remote_tpu.JobFailedError) as info:
+                use()
+            msg = str(info.value)
+            assert f"pid {holder.pid}" in msg and "time.sleep(300)" in msg
+            assert "--kill-tpu-holders" in msg
+        finally:
+            holder.kill()
+            holder.wait()
+        assert use() == "ran"
+        with pytest.raises(remote_tpu.JobFailedError, match="killed by SIGKILL"):
+            use(kill_self=True)            # the worker dies holding the TPU ...
+        assert use() == "ran"              # ... and the next job starts all the same
+    finally:
+        agents.stop()
+
+
+def test_kill_tpu_holders_frees_the_tpu(tpu_files):
+    lock, device = tpu_files
+    agents = _lone_agent(tpu_files, "--kill-tpu-holders")
+    holder = _hold(str(lock))
+    try:
+        assert _use_tpu(agents, device)() == "ran"
+        assert holder.wait(5) == -signal.SIGKILL
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        agents.stop()
