@@ -2,6 +2,7 @@
 
     remote-tpu-agent [serve] [--host H] [--port P] ...    run the agent
     remote-tpu-agent token init [--path P] [--force]      create the slice token
+    remote-tpu-agent install-service [--dry-run] [FLAGS]  run it under systemd
 """
 
 from __future__ import annotations
@@ -115,6 +116,74 @@ def _token_main(argv: list[str]) -> int:
     return 0
 
 
+_UNIT = """\
+[Unit]
+Description=remote_tpu agent: runs remote_tpu jobs on this TPU VM
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+User={user}
+Environment=PYTHONUNBUFFERED=1
+ExecStart={exec_start}
+Restart=on-failure
+RestartSec=2
+KillMode=mixed
+TimeoutStopSec=15
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def _install_service_main(argv: list[str]) -> int:
+    import getpass
+    import shlex
+    import shutil
+    import subprocess
+
+    p = argparse.ArgumentParser(
+        prog="remote-tpu-agent install-service",
+        description="Write and enable a systemd unit that runs this agent at boot. Agent "
+                    "flags after the options below go into the unit (e.g. --host 0.0.0.0 "
+                    "--tls-cert ...).")
+    p.add_argument("--dry-run", action="store_true", help="print the unit and the commands")
+    p.add_argument("--unit-path", default="/etc/systemd/system/remote-tpu-agent.service")
+    p.add_argument("--user", default=getpass.getuser(), help="run the agent as this user")
+    args, agent_args = p.parse_known_args(argv)
+    _serve_parser().parse_args(agent_args)      # a typo fails here, not at boot
+    exec_start = shlex.join([sys.executable, "-m", "remote_tpu_agent", *agent_args])
+    unit = _UNIT.format(user=args.user, exec_start=exec_start)
+    name = os.path.basename(args.unit_path)
+    commands = [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", name]]
+    if args.dry_run:
+        print(f"# {args.unit_path}\n{unit}")
+        for cmd in commands:
+            print(shlex.join(cmd))
+        return 0
+    if shutil.which("systemctl") is None:
+        print("remote-tpu-agent: systemctl not found: this host does not run systemd; start "
+              f"`{exec_start}` another way, or use --dry-run to see the unit",
+              file=sys.stderr)
+        return 2
+    try:
+        with open(args.unit_path, "w") as f:
+            f.write(unit)
+    except OSError as exc:
+        print(f"remote-tpu-agent: cannot write {args.unit_path}: {exc.strerror} (run it with "
+              "sudo, or pick --unit-path)", file=sys.stderr)
+        return 2
+    for cmd in commands:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"remote-tpu-agent: `{shlex.join(cmd)}` failed: {done.stderr.strip()}",
+                  file=sys.stderr)
+            return 2
+    print(f"installed and started {name} ({args.unit_path}); logs: journalctl -u {name}")
+    return 0
+
+
 def _resolve_token(args: argparse.Namespace) -> str | None:
     if args.token_file:
         return read_token_file(args.token_file)
@@ -161,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["token"]:
         return _token_main(argv[1:])
+    if argv[:1] == ["install-service"]:
+        return _install_service_main(argv[1:])
     if argv[:1] == ["serve"]:
         argv = argv[1:]
     parser = _serve_parser()

@@ -21,7 +21,8 @@ from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._serialization import CHUNK_SIZE, check_compatible
 from remote_tpu._topology import Topology
 from remote_tpu._auth import TLS
-from remote_tpu._transport import ERROR_KIND_KEY, Credentials, channel_options, versions_pb
+from remote_tpu._transport import (ERROR_KIND_KEY, Credentials, channel_options, health,
+                                   versions_pb)
 from remote_tpu._version import PROTOCOL_VERSION, local_versions
 
 from . import _worker
@@ -172,6 +173,29 @@ class AgentService(pb_grpc.AgentServicer):
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext
                  ) -> pb.ListJobsReply:
         return pb.ListJobsReply(jobs=self.store.list(limit=request.limit))
+
+    def Doctor(self, request: pb.DoctorRequest, context: grpc.ServicerContext
+               ) -> pb.DoctorReply:
+        if request.hosts:
+            peers, me = list(request.hosts), 0
+        else:
+            peers = list(self.config.slice.peers) or [self.endpoint]
+            me = self.config.slice.worker_id
+
+        def ask(i: int) -> pb.HostHealth:
+            if i == me:
+                return pb.HostHealth(host=i, address=peers[i],
+                                     health=self.Health(pb.HealthRequest(), context))
+            credentials = self.config.peer_credentials
+            try:
+                with credentials.channel(peers[i]) as channel:
+                    reply = health(peers[i], channel, credentials, attempts=1)
+            except Exception as exc:  # noqa: BLE001 - reported, not raised
+                return pb.HostHealth(host=i, address=peers[i], error=str(exc))
+            return pb.HostHealth(host=i, address=peers[i], health=reply)
+
+        with concurrent.futures.ThreadPoolExecutor(min(32, len(peers))) as pool:
+            return pb.DoctorReply(hosts=list(pool.map(ask, range(len(peers)))))
 
     # ------------------------------------------------------------ jobs
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
 import sys
 
@@ -40,6 +41,7 @@ def _local(args: argparse.Namespace) -> int:
     print(f"local {topology.name}: {topology.hosts} agent(s) x {topology.devices_per_host} "
           f"CPU device(s); logs in {s.log_dir}")
     print(f"REMOTE_TPU_HOSTS={','.join(s.addresses)}", flush=True)
+    print(f"REMOTE_TPU_TOKEN={s.credentials.token}", flush=True)
     print("Ctrl-C stops the slice.", flush=True)
     try:
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
@@ -84,6 +86,23 @@ def _jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from ._doctor import doctor, format_table
+
+    hosts = [h for h in (args.hosts or os.environ.get("REMOTE_TPU_HOSTS", "")).split(",") if h]
+    if not hosts:
+        print("remote-tpu doctor: give the slice's gateway address (or any agent of it), "
+              "e.g. `remote-tpu doctor 10.0.0.2`", file=sys.stderr)
+        return 2
+    rows, problems = doctor(hosts)
+    print(format_table(rows))
+    if problems:
+        print("\nproblems:\n" + "\n".join(f"- {p}" for p in problems))
+        return 1
+    print("\nall hosts ready")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="remote-tpu", description="remote_tpu client tools")
     sub = p.add_subparsers(dest="command", required=True)
@@ -93,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     loc = sub.add_parser("local", help="start a local simulated slice and keep it up")
     loc.add_argument("--accelerator", default="tpu-v4-16")
     loc.set_defaults(func=_local)
+    d = sub.add_parser("doctor", help="check every host of a slice: reachable, versions, "
+                                      "slice shape, TPU lock")
+    d.add_argument("hosts", nargs="?", default="", help="an agent address of the slice "
+                                                        "(default REMOTE_TPU_HOSTS)")
+    d.set_defaults(func=_doctor)
     j = sub.add_parser("jobs", help="jobs on a slice: list, status, logs, result, cancel, "
                                     "stacks (--hosts or REMOTE_TPU_HOSTS)")
     jsub = j.add_subparsers(dest="action", required=True)

@@ -258,3 +258,79 @@ def test_kill_tpu_holders_frees_the_tpu(tpu_files):
         if holder.poll() is None:
             holder.kill()
         agents.stop()
+
+
+# ------------------------------------------------------------- deployment
+
+
+def test_install_service_dry_run_prints_the_unit():
+    proc = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "install-service",
+                           "--dry-run", "--host", "0.0.0.0", "--tls-cert", "a.pem",
+                           "--tls-key", "a.key"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "# /etc/systemd/system/remote-tpu-agent.service" in out
+    assert (f"ExecStart={sys.executable} -m remote_tpu_agent --host 0.0.0.0 --tls-cert a.pem "
+            "--tls-key a.key") in out
+    assert "Restart=on-failure" in out and "WantedBy=multi-user.target" in out
+    assert "systemctl enable --now remote-tpu-agent.service" in out
+    typo = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "install-service",
+                           "--dry-run", "--hots", "x"], capture_output=True, text=True,
+                          timeout=30)
+    assert typo.returncode == 2 and "unrecognized arguments: --hots" in typo.stderr
+
+
+def test_doctor_against_a_local_slice():
+    local = subprocess.Popen([sys.executable, "-m", "remote_tpu", "local", "--accelerator",
+                              "tpu-v4-16"], stdout=subprocess.PIPE, text=True)
+    try:
+        env = dict(os.environ)
+        for _ in range(3):
+            line = local.stdout.readline().strip()
+            if "=" in line and line.startswith("REMOTE_TPU_"):
+                key, value = line.split("=", 1)
+                env[key] = value
+        proc = subprocess.run([sys.executable, "-m", "remote_tpu", "doctor"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines[0].split() == ["HOST", "ADDRESS", "REACHABLE", "REMOTE_TPU", "PYTHON",
+                                    "JAX", "ACCELERATOR", "TPU", "NOTES"]
+        hosts = env["REMOTE_TPU_HOSTS"].split(",")
+        for i, address in enumerate(hosts):
+            row = lines[1 + i].split()
+            assert row[:4] == [str(i), address, "yes", remote_tpu.__version__]
+            assert row[-2:] == ["free", "ok"]
+        assert "all hosts ready" in proc.stdout
+        wrong = subprocess.run([sys.executable, "-m", "remote_tpu", "doctor"],
+                               env={**env, "REMOTE_TPU_TOKEN": new_token()},
+                               capture_output=True, text=True, timeout=60)
+        assert wrong.returncode == 1 and "refused this client's credentials" in wrong.stdout
+    finally:
+        local.send_signal(signal.SIGINT)
+        local.wait(15)
+
+
+@pytest.mark.slow
+def test_doctor_reports_a_busy_tpu_and_unreachable_hosts(tmp_path):
+    lock = tmp_path / "libtpu_lockfile"
+    vm = MetadataSlice("v4-16", 2, extra=["--tpu-lockfile", str(lock)])
+    holder = _hold(str(lock))
+    try:
+        env = {**os.environ, "REMOTE_TPU_TOKEN": vm.token}
+        proc = subprocess.run([sys.executable, "-m", "remote_tpu", "doctor", vm.addresses[1]],
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1
+        assert f"pid {holder.pid}" in proc.stdout and "busy" in proc.stdout
+        assert "v4-16" in proc.stdout
+        vm.procs[1].kill()
+        vm.procs[1].wait()
+        proc = subprocess.run([sys.executable, "-m", "remote_tpu", "doctor", vm.addresses[0]],
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1
+        row1 = [line for line in proc.stdout.splitlines() if line.startswith("1 ")][0]
+        assert "NO" in row1 and "no remote_tpu agent answered" in row1
+    finally:
+        holder.kill()
+        holder.wait()
+        vm.stop()

@@ -98,6 +98,30 @@ JOB_STATE_CANCELLED: JobState
 JOB_STATE_TIMED_OUT: JobState
 JOB_STATE_LOST: JobState
 
+class DoctorRequest(_message.Message):
+    __slots__ = ("hosts",)
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, hosts: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HostHealth(_message.Message):
+    __slots__ = ("host", "address", "health", "error")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    host: int
+    address: str
+    health: HealthReply
+    error: str
+    def __init__(self, host: _Optional[int] = ..., address: _Optional[str] = ..., health: _Optional[_Union[HealthReply, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class DoctorReply(_message.Message):
+    __slots__ = ("hosts",)
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    hosts: _containers.RepeatedCompositeFieldContainer[HostHealth]
+    def __init__(self, hosts: _Optional[_Iterable[_Union[HostHealth, _Mapping]]] = ...) -> None: ...
+
 class JobRef(_message.Message):
     __slots__ = ("job_id",)
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -81,6 +81,11 @@ class AgentStub:
                 request_serializer=remote__tpu__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=remote__tpu__pb2.ListJobsReply.FromString,
                 _registered_method=True)
+        self.Doctor = channel.unary_unary(
+                '/remote_tpu.v1.Agent/Doctor',
+                request_serializer=remote__tpu__pb2.DoctorRequest.SerializeToString,
+                response_deserializer=remote__tpu__pb2.DoctorReply.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -154,6 +159,13 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Doctor(self, request, context):
+        """Health of every host of the slice, as the gateway sees them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -201,6 +213,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=remote__tpu__pb2.ListJobsRequest.FromString,
                     response_serializer=remote__tpu__pb2.ListJobsReply.SerializeToString,
+            ),
+            'Doctor': grpc.unary_unary_rpc_method_handler(
+                    servicer.Doctor,
+                    request_deserializer=remote__tpu__pb2.DoctorRequest.FromString,
+                    response_serializer=remote__tpu__pb2.DoctorReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -448,6 +465,33 @@ class Agent:
             '/remote_tpu.v1.Agent/ListJobs',
             remote__tpu__pb2.ListJobsRequest.SerializeToString,
             remote__tpu__pb2.ListJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Doctor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/Doctor',
+            remote__tpu__pb2.DoctorRequest.SerializeToString,
+            remote__tpu__pb2.DoctorReply.FromString,
             options,
             channel_credentials,
             insecure,
