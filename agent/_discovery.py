@@ -86,6 +86,14 @@ class MetadataServer:
     def attribute(self, key: str) -> str | None:
         return self.get(f"instance/attributes/{key}")
 
+    def preempted(self) -> bool:
+        """Whether this VM has been preempted (``instance/preempted`` is TRUE)."""
+        try:
+            return (self.get("instance/preempted") or "").upper() == "TRUE"
+        except ConfigurationError as exc:
+            log.debug("cannot ask about preemption: %s", exc)
+            return False
+
 
 def _worker_id(value: str, source: str) -> int:
     try:

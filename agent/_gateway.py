@@ -36,8 +36,9 @@ _TIMED_OUT = object()
 
 
 class _Cancel:
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, state: int) -> None:
         self.reason = reason
+        self.state = state
 
 # Messages a surviving host prints when a *peer* failed first: consequences,
 # never the root cause while a host failed on its own.
@@ -77,8 +78,10 @@ class GatewayJob:
 
     def __init__(self, *, spec: pb.JobSpec, hosts: Sequence[str], job_dir: str,
                  payload_path: str, advertise: str, env_for,
-                 peer_credentials: Credentials, tpu: TpuGuard | None = None) -> None:
+                 peer_credentials: Credentials, tpu: TpuGuard | None = None,
+                 preempted=lambda: False) -> None:
         self.tpu = tpu
+        self._preempted = preempted
         self.spec = spec
         self.n = len(hosts)
         self.events: queue.Queue = queue.Queue()
@@ -105,9 +108,9 @@ class GatewayJob:
         self.exited: set[int] = set()
         self.ended = threading.Event()
 
-    def cancel(self, reason: str) -> None:
-        """Stop the job on every host; it ends CANCELLED with ``reason``."""
-        self.events.put(_Cancel(reason))
+    def cancel(self, reason: str, state: int = pb.JOB_STATE_CANCELLED) -> None:
+        """Stop the job on every host; it ends in ``state`` with ``reason``."""
+        self.events.put(_Cancel(reason, state))
 
     def stacks(self) -> list[pb.HostStacks]:
         """Every host's Python stacks, collected in parallel."""
@@ -181,7 +184,9 @@ class GatewayJob:
         while True:
             item = self.events.get()
             if isinstance(item, _Cancel):
-                yield from self._fail(pb.JOB_STATE_CANCELLED, item.reason)
+                if item.state == pb.JOB_STATE_PREEMPTED:
+                    self.reports[0].preempted = True
+                yield from self._fail(item.state, item.reason)
                 return
             if item is _TIMED_OUT:
                 # The stacks say where each host was stuck: JAX cannot tell a live
@@ -216,6 +221,8 @@ class GatewayJob:
     def _record_exit(self, event: pb.Event) -> None:
         report = event.exited
         previous = self.reports[event.host]
+        if event.host == 0 and report.state in (pb.HOST_STATE_DIED, pb.HOST_STATE_LOST):
+            report.preempted = self._preempted()
         if previous.state in (pb.HOST_STATE_SUCCEEDED, pb.HOST_STATE_FAILED) and \
                 report.state == pb.HOST_STATE_LOST:
             # Its function had finished; only the goodbye went missing.
@@ -223,6 +230,7 @@ class GatewayJob:
             report = previous
         if previous.stacks and not report.stacks:
             report.stacks = previous.stacks
+        report.preempted = report.preempted or previous.preempted
         self.reports[event.host] = report
         self.exited.add(event.host)
 
@@ -299,6 +307,15 @@ class GatewayJob:
     def _fail(self, state: int, detail: str = "") -> Iterator[pb.Event]:
         self._stop_all()
         yield from self._settle(forward=True)
+        preempted = [r.host for r in self.reports if r.preempted]
+        if preempted and state in (pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED,
+                                   pb.JOB_STATE_PREEMPTED):
+            state = pb.JOB_STATE_PREEMPTED
+            detail = (f"host {preempted[0]} was preempted (its metadata server says so); "
+                      "the job can be submitted again once the slice is back")
+            yield pb.Event(host=0, end=pb.JobEnd(state=state, root_cause_host=preempted[0],
+                                                 hosts=self.reports, detail=detail))
+            return
         cause = root_cause(self.reports) if state == pb.JOB_STATE_FAILED else -1
         yield pb.Event(host=0, end=pb.JobEnd(state=state, root_cause_host=cause,
                                              hosts=self.reports, detail=detail))

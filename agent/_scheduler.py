@@ -48,7 +48,7 @@ class Scheduler:
                 record.touch()
             ahead = record.job_id
 
-    def cancel(self, job_id: str, reason: str) -> bool:
+    def cancel(self, job_id: str, reason: str, state: int = pb.JOB_STATE_CANCELLED) -> bool:
         """Cancel a queued or running job; False if this scheduler does not have it."""
         with self._cond:
             for record in self._queue:
@@ -60,7 +60,7 @@ class Scheduler:
                 if self._current and self._current[0].job_id == job_id:
                     job = self._current[1]
                     if job is not None:
-                        job.cancel(reason)
+                        job.cancel(reason, state)
                     else:
                         self._early_cancel = reason
                     return True
@@ -76,7 +76,8 @@ class Scheduler:
             return current[1].stacks()
         return None
 
-    def shutdown(self, reason: str, timeout: float = 8.0) -> None:
+    def shutdown(self, reason: str, state: int = pb.JOB_STATE_CANCELLED,
+                 timeout: float = 8.0) -> None:
         with self._cond:
             self._stopping = True
             queued = list(self._queue)
@@ -85,7 +86,7 @@ class Scheduler:
         for record in queued:
             self.cancel(record.job_id, reason)
         if current is not None:
-            self.cancel(current[0].job_id, reason)
+            self.cancel(current[0].job_id, reason, state)
         self._thread.join(timeout)
 
     def _loop(self) -> None:

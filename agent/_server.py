@@ -26,7 +26,7 @@ from remote_tpu._transport import (ERROR_KIND_KEY, Credentials, channel_options,
 from remote_tpu._version import PROTOCOL_VERSION, local_versions
 
 from . import _worker
-from ._discovery import Slice, advertise_address
+from ._discovery import MetadataServer, Slice, advertise_address
 from ._gateway import GatewayJob
 from ._guard import TokenInterceptor
 from ._runner import WorkerRun, passed_environment, worker_env
@@ -247,7 +247,7 @@ class AgentService(pb_grpc.AgentServicer):
         return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
                           payload_path=os.path.join(record.dir, _worker.PAYLOAD_FILE),
                           advertise=self.address, peer_credentials=self.config.peer_credentials,
-                          tpu=self.tpu,
+                          tpu=self.tpu, preempted=self.preempted,
                           env_for=lambda i, coord: self._env_for(spec, i, coord))
 
     def _watch(self, record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
@@ -475,9 +475,13 @@ class AgentService(pb_grpc.AgentServicer):
                     return
                 if event.HasField("output"):
                     record.append_output(event.host, event.output.stream, event.output.data)
+                if event.HasField("exited") and event.exited.state != pb.HOST_STATE_SUCCEEDED:
+                    event.exited.preempted = self.preempted()
                 yield event
                 if event.HasField("exited"):
                     final = _PEER_PHASE.get(event.exited.state, pb.JOB_PHASE_FAILED)
+                    if event.exited.preempted:
+                        final = pb.JOB_PHASE_PREEMPTED
                     return
         finally:
             run.close()
@@ -487,9 +491,17 @@ class AgentService(pb_grpc.AgentServicer):
             record.set_phase(final, "" if final != pb.JOB_PHASE_LOST else
                              "the gateway went away before this host finished")
 
+    def preempted(self) -> bool:
+        """Whether this TPU VM has been preempted (asked only on a TPU VM)."""
+        return self.config.slice.source == "metadata" and MetadataServer().preempted()
+
     def stop_all(self) -> None:
         """Agent shutdown: cancel every job (telling callers why) and kill every worker."""
-        self.scheduler.shutdown(f"the gateway agent at {self.endpoint} is shutting down")
+        if self.preempted():
+            self.scheduler.shutdown(f"host {self.endpoint} was preempted",
+                                    pb.JOB_STATE_PREEMPTED)
+        else:
+            self.scheduler.shutdown(f"the gateway agent at {self.endpoint} is shutting down")
         for run in list(self._peer_runs.values()):
             run.close()
         self.store.close()

@@ -21,13 +21,14 @@ from remote_tpu._proto import remote_tpu_pb2 as pb
 log = logging.getLogger(__name__)
 
 FINISHED = frozenset({pb.JOB_PHASE_SUCCEEDED, pb.JOB_PHASE_FAILED, pb.JOB_PHASE_CANCELLED,
-                      pb.JOB_PHASE_TIMED_OUT, pb.JOB_PHASE_LOST})
+                      pb.JOB_PHASE_TIMED_OUT, pb.JOB_PHASE_LOST, pb.JOB_PHASE_PREEMPTED})
 PHASE_OF_END = {
     pb.JOB_STATE_SUCCEEDED: pb.JOB_PHASE_SUCCEEDED,
     pb.JOB_STATE_FAILED: pb.JOB_PHASE_FAILED,
     pb.JOB_STATE_CANCELLED: pb.JOB_PHASE_CANCELLED,
     pb.JOB_STATE_TIMED_OUT: pb.JOB_PHASE_TIMED_OUT,
     pb.JOB_STATE_LOST: pb.JOB_PHASE_LOST,
+    pb.JOB_STATE_PREEMPTED: pb.JOB_PHASE_PREEMPTED,
 }
 _FRAME = struct.Struct("<BI")    # output stream, length
 

@@ -18,14 +18,15 @@ from ._render import OutputRenderer
 from ._topology import Topology
 from ._transport import Credentials, error_from_rpc
 
-STATES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "LOST")
-FINISHED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "LOST"})
+STATES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "LOST",
+          "PREEMPTED")
+FINISHED = frozenset(STATES[2:])
 
 
 @dataclasses.dataclass(frozen=True)
 class JobStatus:
     """Where a job stands. ``state`` is one of QUEUED, RUNNING, SUCCEEDED,
-    FAILED, CANCELLED, TIMED_OUT, LOST."""
+    FAILED, CANCELLED, TIMED_OUT, LOST, PREEMPTED."""
 
     id: str
     state: str

@@ -47,6 +47,10 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str) -> None:
                               f"stopped. Final state of each host:\n{hosts}"
                               + (f"\nWhere each host was at the timeout:{stacks}"
                                  if stacks else ""), hosts=end.hosts)
+    if end.state == pb.JOB_STATE_PREEMPTED:
+        raise JobFailedError(f"job {job_id} on {accelerator} ended: {end.detail}. Final state "
+                             f"of each host:\n{hosts}", host=end.root_cause_host,
+                             hosts=end.hosts)
     if end.state == pb.JOB_STATE_LOST:
         raise JobFailedError(f"job {job_id} on {accelerator} was lost: {end.detail}",
                              hosts=end.hosts)

@@ -13,6 +13,7 @@ class MetadataStandIn:
     def __init__(self, attributes: dict[str, str], *, delay: float = 0.0,
                  flavor_header: bool = True) -> None:
         self.attributes = dict(attributes)
+        self.instance = {"preempted": "FALSE"}     # instance/<key>, besides attributes
         self.requests: list[tuple[str, str | None]] = []
         outer = self
 
@@ -23,11 +24,15 @@ class MetadataStandIn:
                 time.sleep(delay)
                 if flavor != "Google":
                     return self._send(403, "Missing required header: Metadata-Flavor\n")
-                prefix = "/computeMetadata/v1/instance/attributes/"
-                key = self.path[len(prefix):] if self.path.startswith(prefix) else None
-                if key is None or key not in outer.attributes:
+                prefix = "/computeMetadata/v1/instance/"
+                key = self.path[len(prefix):] if self.path.startswith(prefix) else ""
+                if key.startswith("attributes/"):
+                    value = outer.attributes.get(key.removeprefix("attributes/"))
+                else:
+                    value = outer.instance.get(key)
+                if value is None:
                     return self._send(404, "not found\n")
-                return self._send(200, outer.attributes[key])
+                return self._send(200, value)
 
             def _send(self, code: int, body: str) -> None:
                 data = body.encode()

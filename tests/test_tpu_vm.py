@@ -334,3 +334,26 @@ def test_doctor_reports_a_busy_tpu_and_unreachable_hosts(tmp_path):
         holder.kill()
         holder.wait()
         vm.stop()
+
+
+@pytest.mark.slow
+def test_a_preempted_host_ends_the_job_preempted():
+    vm = MetadataSlice("v4-16", 2)
+    try:
+        @remote_tpu.run(accelerator="tpu-v4-16", hosts=vm.addresses[0], token=vm.token)
+        def long_step():
+            time.sleep(120)
+
+        handle = long_step.submit()
+        assert handle.status().state in ("QUEUED", "RUNNING")
+        time.sleep(2)
+        vm.servers[1].instance["preempted"] = "TRUE"     # GCE takes worker 1 back ...
+        vm.procs[1].send_signal(signal.SIGTERM)          # ... and shuts the VM down
+        status = handle.wait(20)
+        assert status.state == "PREEMPTED", status
+        assert "host 1 was preempted" in status.detail
+        with pytest.raises(remote_tpu.JobFailedError) as info:
+            handle.result()
+        assert info.value.host == 1 and "preempted" in str(info.value)
+    finally:
+        vm.stop()

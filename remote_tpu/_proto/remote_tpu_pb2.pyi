@@ -17,6 +17,7 @@ class JobPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_PHASE_CANCELLED: _ClassVar[JobPhase]
     JOB_PHASE_TIMED_OUT: _ClassVar[JobPhase]
     JOB_PHASE_LOST: _ClassVar[JobPhase]
+    JOB_PHASE_PREEMPTED: _ClassVar[JobPhase]
 
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -62,6 +63,7 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_CANCELLED: _ClassVar[JobState]
     JOB_STATE_TIMED_OUT: _ClassVar[JobState]
     JOB_STATE_LOST: _ClassVar[JobState]
+    JOB_STATE_PREEMPTED: _ClassVar[JobState]
 JOB_PHASE_UNSPECIFIED: JobPhase
 JOB_PHASE_QUEUED: JobPhase
 JOB_PHASE_RUNNING: JobPhase
@@ -70,6 +72,7 @@ JOB_PHASE_FAILED: JobPhase
 JOB_PHASE_CANCELLED: JobPhase
 JOB_PHASE_TIMED_OUT: JobPhase
 JOB_PHASE_LOST: JobPhase
+JOB_PHASE_PREEMPTED: JobPhase
 ROLE_UNSPECIFIED: Role
 ROLE_GATEWAY: Role
 ROLE_PEER: Role
@@ -97,6 +100,7 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 JOB_STATE_TIMED_OUT: JobState
 JOB_STATE_LOST: JobState
+JOB_STATE_PREEMPTED: JobState
 
 class DoctorRequest(_message.Message):
     __slots__ = ("hosts",)
@@ -316,7 +320,7 @@ class RemoteException(_message.Message):
     def __init__(self, type_name: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., pickled: _Optional[bytes] = ...) -> None: ...
 
 class HostReport(_message.Message):
-    __slots__ = ("host", "state", "exit_code", "signal", "detail", "last_lines", "exception", "finished_at", "exited", "stacks")
+    __slots__ = ("host", "state", "exit_code", "signal", "detail", "last_lines", "exception", "finished_at", "exited", "stacks", "preempted")
     HOST_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -327,6 +331,7 @@ class HostReport(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     EXITED_FIELD_NUMBER: _ClassVar[int]
     STACKS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     host: int
     state: HostState
     exit_code: int
@@ -337,7 +342,8 @@ class HostReport(_message.Message):
     finished_at: float
     exited: bool
     stacks: str
-    def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ..., stacks: _Optional[str] = ...) -> None: ...
+    preempted: bool
+    def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ..., stacks: _Optional[str] = ..., preempted: _Optional[bool] = ...) -> None: ...
 
 class JobEnd(_message.Message):
     __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_sha256")
