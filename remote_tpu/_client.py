@@ -15,7 +15,9 @@ import grpc
 import tenacity
 
 from ._auth import client_token
-from ._exceptions import AgentUnavailableError, SerializationError
+from ._cloud import is_tpu_url
+from ._cloud import resolve as resolve_tpu
+from ._exceptions import AgentUnavailableError, ConfigurationError, SerializationError
 from ._local_slice import get_local_slice
 from ._options import RunOptions
 from ._outcome import raise_for_end
@@ -23,6 +25,7 @@ from ._proto import remote_tpu_pb2 as pb
 from ._proto import remote_tpu_pb2_grpc as pb_grpc
 from ._render import OutputRenderer
 from ._serialization import Payload, loads
+from ._topology import Topology
 from ._transport import Credentials, Redirect, error_from_rpc, versions_pb
 
 _STREAM_MODES = {"leader": pb.STREAM_MODE_LEADER, "all": pb.STREAM_MODE_ALL,
@@ -57,6 +60,13 @@ def _target(options: RunOptions) -> tuple[str, list[str], Credentials]:
         local = get_local_slice(options.topology)
         return local.addresses[0], list(local.addresses), local.credentials
     hosts = list(options.hosts)
+    if is_tpu_url(hosts[0]):
+        hosts, accelerator = resolve_tpu(hosts[0])
+        if accelerator and Topology.parse(accelerator).name != options.topology.name:
+            t = Topology.parse(accelerator)
+            raise ConfigurationError(
+                f"asked for {options.topology.name}, {options.topology.hosts} host(s); "
+                f"{options.hosts[0]} is {accelerator}, {t.hosts} host(s)")
     credentials = Credentials(token=client_token(options.token), tls=options.tls)
     return hosts[0], (hosts if len(hosts) > 1 else []), credentials
 

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import grpc
 
 from ._auth import TLS, client_token
+from ._cloud import is_tpu_url
+from ._cloud import resolve as resolve_tpu
 from ._options import normalize_address
 from ._proto import remote_tpu_pb2 as pb
 from ._proto import remote_tpu_pb2_grpc as pb_grpc
@@ -18,6 +20,8 @@ from ._version import local_versions
 def doctor(hosts: Sequence[str], token: str | None = None, tls: TLS | None = None
            ) -> tuple[list[list[str]], list[str]]:
     """(table rows, problems) for the slice behind ``hosts[0]``."""
+    if is_tpu_url(hosts[0]):
+        hosts = resolve_tpu(hosts[0])[0]
     addresses = [normalize_address(h) for h in hosts]
     gateway = addresses[0]
     credentials = Credentials(token=client_token(token),

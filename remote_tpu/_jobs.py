@@ -10,6 +10,8 @@ from typing import Any
 import grpc
 
 from ._auth import TLS, client_token
+from ._cloud import is_tpu_url
+from ._cloud import resolve as resolve_tpu
 from ._exceptions import ConfigurationError, JobTimeoutError, RemoteTPUError
 from ._options import LOCAL, parse_hosts
 from ._proto import remote_tpu_pb2 as pb
@@ -173,6 +175,8 @@ class JobHandle:
 def _gateway(hosts: str | Sequence[str] | None, token: str | None,
              tls: TLS | None) -> tuple[str, Credentials]:
     addresses = parse_hosts(hosts, Topology.parse("tpu-v5litepod-1"), check_count=False)
+    if is_tpu_url(addresses[0]):
+        addresses = tuple(resolve_tpu(addresses[0])[0])
     if addresses == (LOCAL,):
         raise ConfigurationError(
             "a local slice lives only as long as the process that started it: use the "

@@ -86,11 +86,15 @@ def parse_hosts(hosts: str | Sequence[str] | None, topology: Topology, *,
     if isinstance(hosts, str):
         if hosts.strip().lower() == LOCAL:
             return (LOCAL,)
+        if hosts.startswith("tpu://"):
+            from ._cloud import TpuRef
+            TpuRef.parse(hosts)          # resolved at call time, checked now
+            return (hosts,)
         return (normalize_address(hosts),)
     if not isinstance(hosts, Sequence) or not hosts:
         raise ConfigurationError(
-            f"{source} must be 'local', an address 'ip[:port]' or a non-empty list of "
-            f"addresses (first = gateway); got {hosts!r}")
+            f"{source} must be 'local', an address 'ip[:port]', 'tpu://NAME?zone=...' or "
+            f"a non-empty list of addresses (first = gateway); got {hosts!r}")
     addresses = tuple(normalize_address(h) for h in hosts)
     if check_count and len(addresses) > 1 and len(addresses) != topology.hosts:
         raise ConfigurationError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -356,4 +357,88 @@ def test_a_preempted_host_ends_the_job_preempted():
             handle.result()
         assert info.value.host == 1 and "preempted" in str(info.value)
     finally:
+        vm.stop()
+
+
+# ------------------------------------------------------ tpu://NAME (Cloud TPU API)
+
+
+class TpuApiStandIn:
+    """A stand-in for the Cloud TPU API's nodes.get (v2), a real HTTP server."""
+
+    def __init__(self, nodes: dict[str, dict]) -> None:
+        import http.server
+        import threading
+        outer = self
+        self.nodes = nodes
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                node = outer.nodes.get(self.path.removeprefix("/v2/"))
+                body = json.dumps(node if node else {"error": {"code": 404}}).encode()
+                self.send_response(200 if node else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _node(ips: list[str], accelerator: str, state: str = "READY") -> dict:
+    return {"acceleratorType": accelerator, "state": state,
+            "networkEndpoints": [{"ipAddress": ip, "port": 8470,
+                                  "accessConfig": {"externalIp": f"34.0.0.{i}"}}
+                                 for i, ip in enumerate(ips)]}
+
+
+@pytest.mark.parametrize("url, message", [
+    ("tpu://", "not a TPU reference"),
+    ("tpu://x", r"needs \?zone="),
+    ("tpu://x?zone=z&colour=red", "unknown option 'colour'"),
+    ("tpu://x?zone=z&port=http", "port 'http' is not a number"),
+])
+def test_bad_tpu_references_fail_when_applied(url, message):
+    with pytest.raises(ConfigurationError, match=message):
+        remote_tpu.run(accelerator="tpu-v4-16", hosts=url)
+
+
+@pytest.mark.slow
+def test_tpu_name_resolves_to_its_workers_through_the_cloud_tpu_api(monkeypatch):
+    vm = MetadataSlice("v4-16", 2)
+    api = TpuApiStandIn({
+        "projects/p/locations/z/nodes/my-tpu": _node(vm.ips, "v4-16"),
+        "projects/p/locations/z/nodes/creating": _node(vm.ips, "v4-16", state="CREATING"),
+    })
+    monkeypatch.setenv("REMOTE_TPU_TPU_API", api.url)
+    monkeypatch.setenv("REMOTE_TPU_TOKEN", vm.token)
+    try:
+        def ran_on():
+            import jax
+            return jax.process_count()
+
+        url = f"tpu://my-tpu?zone=z&project=p&port={vm.port}"
+        assert remote_tpu.run(accelerator="tpu-v4-16", hosts=url)(ran_on)() == 2
+        from remote_tpu._cloud import resolve
+        assert resolve(url) == (vm.addresses, "v4-16")
+        external = [f"34.0.0.{i}:{vm.port}" for i in range(2)]
+        assert resolve(url + "&external=1")[0] == external
+        for bad, message in ((f"tpu://my-tpu?zone=z&project=p&port={vm.port}",
+                              "asked for tpu-v5p-32, 4 host(s); tpu://my-tpu"),
+                             ("tpu://nope?zone=z&project=p",
+                              "there is no TPU 'nope' in zone z"),
+                             ("tpu://creating?zone=z&project=p", "is CREATING, not READY")):
+            with pytest.raises(ConfigurationError, match=re.escape(message)):
+                remote_tpu.run(accelerator="tpu-v5p-32", hosts=bad)(ran_on)()
+    finally:
+        api.close()
         vm.stop()

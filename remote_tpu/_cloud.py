@@ -1,0 +1,121 @@
+"""``hosts="tpu://NAME?zone=Z&project=P"``: a TPU VM slice by name, resolved to
+its workers' agent addresses through the Cloud TPU API (v2, ``nodes.get``).
+
+Needs google-auth (``pip install remote-tpu[gcp]``) and application default
+credentials (``gcloud auth application-default login``). Query options:
+``zone`` (required), ``project`` (default: the credentials' project),
+``port`` (the agents' port, default 8475), ``external=1`` (use the workers'
+external IPs, for a client outside the VPC). ``REMOTE_TPU_TPU_API`` points at
+another endpoint than https://tpu.googleapis.com (a test stand-in, say).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import urllib.parse
+
+from ._exceptions import ConfigurationError
+from ._options import DEFAULT_AGENT_PORT, join_host_port
+
+SCHEME = "tpu://"
+API_ENV = "REMOTE_TPU_TPU_API"
+_DEFAULT_API = "https://tpu.googleapis.com"
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuRef:
+    name: str
+    zone: str
+    project: str
+    port: int
+    external: bool
+
+    @classmethod
+    def parse(cls, url: str) -> TpuRef:
+        parsed = urllib.parse.urlparse(url)
+        query = dict(urllib.parse.parse_qsl(parsed.query))
+        name = parsed.netloc
+        unknown = set(query) - {"zone", "project", "port", "external"}
+        if parsed.scheme != "tpu" or not name or parsed.path not in ("", "/") or unknown:
+            raise ConfigurationError(
+                f"{url!r} is not a TPU reference of the form "
+                "'tpu://NAME?zone=ZONE[&project=PROJECT][&port=PORT][&external=1]'"
+                + (f" (unknown option {sorted(unknown)[0]!r})" if unknown else ""))
+        if not query.get("zone"):
+            raise ConfigurationError(f"{url!r} needs ?zone=..., the TPU's zone "
+                                     "(e.g. us-central2-b)")
+        try:
+            port = int(query.get("port", DEFAULT_AGENT_PORT))
+        except ValueError:
+            raise ConfigurationError(f"{url!r}: port {query['port']!r} is not a number") \
+                from None
+        return cls(name=name, zone=query["zone"], project=query.get("project", ""),
+                   port=port, external=query.get("external", "") in ("1", "true", "yes"))
+
+
+def is_tpu_url(hosts: object) -> bool:
+    return isinstance(hosts, str) and hosts.startswith(SCHEME)
+
+
+def _session_and_project(project: str):
+    try:
+        import google.auth
+        import google.auth.exceptions
+        from google.auth.credentials import AnonymousCredentials
+        from google.auth.transport.requests import AuthorizedSession
+    except ImportError:
+        raise ConfigurationError("hosts='tpu://...' needs google-auth: "
+                                 "pip install 'remote-tpu[gcp]'") from None
+    try:
+        credentials, default_project = google.auth.default(
+            scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    except google.auth.exceptions.DefaultCredentialsError as exc:
+        if os.environ.get(API_ENV, "").startswith("http://127."):
+            credentials, default_project = AnonymousCredentials(), ""   # a local stand-in
+        else:
+            raise ConfigurationError(
+                f"hosts='tpu://...' needs Google credentials to ask the Cloud TPU API: "
+                f"run `gcloud auth application-default login` ({exc})") from None
+    project = project or default_project or os.environ.get("GOOGLE_CLOUD_PROJECT", "")
+    if not project:
+        raise ConfigurationError("hosts='tpu://NAME?zone=...': add &project=PROJECT (no "
+                                 "default project in the credentials)")
+    return AuthorizedSession(credentials), project
+
+
+def resolve(url: str) -> tuple[list[str], str]:
+    """(agent addresses in worker order, accelerator type) of the TPU at ``url``."""
+    ref = TpuRef.parse(url)
+    session, project = _session_and_project(ref.project)
+    api = os.environ.get(API_ENV, _DEFAULT_API).rstrip("/")
+    node = f"projects/{project}/locations/{ref.zone}/nodes/{ref.name}"
+    try:
+        reply = session.get(f"{api}/v2/{node}", timeout=15)
+    except Exception as exc:  # noqa: BLE001 - any transport failure
+        raise ConfigurationError(f"could not reach the Cloud TPU API at {api}: {exc}") from None
+    if reply.status_code == 404:
+        raise ConfigurationError(f"there is no TPU {ref.name!r} in zone {ref.zone} of project "
+                                 f"{project}")
+    if reply.status_code in (401, 403):
+        raise ConfigurationError(f"the Cloud TPU API refused to describe {node} "
+                                 f"(HTTP {reply.status_code}): these credentials lack "
+                                 "tpu.nodes.get on it")
+    if reply.status_code != 200:
+        raise ConfigurationError(f"the Cloud TPU API answered HTTP {reply.status_code} for "
+                                 f"{node}: {reply.text[:200]}")
+    body = reply.json()
+    state = body.get("state", "")
+    if state and state != "READY":
+        raise ConfigurationError(f"TPU {ref.name!r} is {state}, not READY")
+    addresses = []
+    for endpoint in body.get("networkEndpoints", []):
+        ip = (endpoint.get("accessConfig", {}).get("externalIp") if ref.external
+              else endpoint.get("ipAddress"))
+        if not ip:
+            raise ConfigurationError(f"TPU {ref.name!r} has a worker without an "
+                                     f"{'external' if ref.external else 'internal'} IP")
+        addresses.append(join_host_port(ip, ref.port))
+    if not addresses:
+        raise ConfigurationError(f"TPU {ref.name!r} lists no network endpoints")
+    return addresses, body.get("acceleratorType", "")
