@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     server.start()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)   # `kill -USR1`: where is it?
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -119,13 +119,23 @@ class Agents:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            proc.wait(10)
+        stuck = []
+        for i, proc in enumerate(self.procs):
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGUSR1)     # faulthandler: where is it stuck?
+                time.sleep(0.5)
+                proc.kill()
+                proc.wait()
+                stuck.append(f"agent {i} ignored SIGTERM for 10 s; its log:\n"
+                             + self.log(self.logs[i])[-6000:])
             proc.stdout.close()
         for path in self.logs:
             os.unlink(path)
         for path in self.state_dirs:
             shutil.rmtree(path, ignore_errors=True)
+        assert not stuck, "\n".join(stuck)
 
 
 @pytest.fixture
