@@ -26,7 +26,7 @@ from remote_tpu._transport import Credentials
 
 from . import _worker
 from ._peers import RemoteHost
-from ._runner import WorkerRun
+from ._runner import WorkerRun, processes_per_host
 from ._tpu import TpuBusy, TpuGuard
 
 log = logging.getLogger(__name__)
@@ -83,25 +83,35 @@ class GatewayJob:
         self.tpu = tpu
         self._preempted = preempted
         self.spec = spec
-        self.n = len(hosts)
+        per_host = processes_per_host(spec)
+        self.n = len(hosts) * per_host        # JAX processes; "host" below means one of them
         self.events: queue.Queue = queue.Queue()
         self.coordinator = join_host_port(advertise, free_port(advertise))
         self.job_dir = job_dir
-        self.local = WorkerRun(
-            host=0, job_dir=job_dir, env=env_for(0, self.coordinator), emit=self.events.put,
-            forward_output=spec.stream in (pb.STREAM_MODE_LEADER, pb.STREAM_MODE_ALL))
+        # This host's processes: process 0 (the coordinator) works in job_dir itself.
+        self.locals = []
+        for k in range(per_host):
+            directory = job_dir if k == 0 else os.path.join(job_dir, f"process-{k}")
+            os.makedirs(directory, exist_ok=True)
+            env = env_for(k, self.coordinator)
+            env[_worker.ENV_PAYLOAD] = payload_path
+            self.locals.append(WorkerRun(host=k, job_dir=directory, env=env,
+                                         emit=self.events.put, forward_output=True))
+        self.local = self.locals[0]
         self.remotes = []
         for i, address in enumerate(hosts[1:], start=1):
-            peer_spec = pb.JobSpec()
-            peer_spec.CopyFrom(spec)
-            peer_spec.role = pb.ROLE_PEER
-            peer_spec.process_id = i
-            peer_spec.coordinator_address = self.coordinator
-            del peer_spec.hosts[:]
-            self.remotes.append(RemoteHost(host=i, address=address, spec=peer_spec,
-                                           payload_path=payload_path, emit=self.events.put,
-                                           credentials=peer_credentials))
-        self.handles = [self.local, *self.remotes]
+            for k in range(per_host):
+                peer_spec = pb.JobSpec()
+                peer_spec.CopyFrom(spec)
+                peer_spec.role = pb.ROLE_PEER
+                peer_spec.process_id = i * per_host + k
+                peer_spec.coordinator_address = self.coordinator
+                del peer_spec.hosts[:]
+                self.remotes.append(RemoteHost(
+                    host=peer_spec.process_id, address=address, spec=peer_spec,
+                    payload_path=payload_path, emit=self.events.put,
+                    credentials=peer_credentials))
+        self.handles = [*self.locals, *self.remotes]
         self.reports = [pb.HostReport(host=i, state=pb.HOST_STATE_PENDING)
                         for i in range(self.n)]
         self.done: set[int] = set()
@@ -164,7 +174,8 @@ class GatewayJob:
 
     def _run(self) -> Iterator[pb.Event]:
         # Process 0 hosts the JAX coordinator: start it first.
-        self.local.start()
+        for local in self.locals:
+            local.start()
         for remote in self.remotes:
             remote.start()
         deadline = (time.monotonic() + self.spec.timeout_seconds
@@ -221,7 +232,8 @@ class GatewayJob:
     def _record_exit(self, event: pb.Event) -> None:
         report = event.exited
         previous = self.reports[event.host]
-        if event.host == 0 and report.state in (pb.HOST_STATE_DIED, pb.HOST_STATE_LOST):
+        if event.host < len(self.locals) and report.state in (pb.HOST_STATE_DIED,
+                                                              pb.HOST_STATE_LOST):
             report.preempted = self._preempted()
         if previous.state in (pb.HOST_STATE_SUCCEEDED, pb.HOST_STATE_FAILED) and \
                 report.state == pb.HOST_STATE_LOST:
@@ -253,9 +265,10 @@ class GatewayJob:
 
     def _succeed(self) -> Iterator[pb.Event]:
         # Peers go first; process 0 keeps JAX's coordination service up until last.
-        for remote in self.remotes:
-            remote.release()
-        yield from self._settle_hosts(self.remotes)
+        others = [*self.remotes, *self.locals[1:]]
+        for handle in others:
+            handle.release()
+        yield from self._settle_hosts(others)
         self.local.release()
         yield from self._settle_hosts([self.local])
         lost = [r for r in self.reports if r.state != pb.HOST_STATE_SUCCEEDED]

@@ -67,7 +67,7 @@ class RemoteHost:
                                 metadata=self._credentials.metadata)
         except grpc.RpcError as exc:
             return f"(the agent at {self.address} did not answer: {exc.details()})"
-        return "\n".join(h.text for h in reply.hosts) or "(no stacks)"
+        return "\n".join(h.text for h in reply.hosts if h.host == self.host) or "(no stacks)"
 
     def release(self) -> None:
         self._controls.put(pb.CONTROL_RELEASE)

@@ -254,25 +254,57 @@ def passed_environment(base: Mapping[str, str], extra: frozenset[str] = frozense
             and not k.startswith("REMOTE_TPU_")}
 
 
-def worker_env(base: Mapping[str, str], *, job_id: str, accelerator: str, process_id: int,
-               num_processes: int, coordinator: str, simulate_devices: int,
-               timeouts: pb.JaxTimeouts, user_env: Mapping[str, str],
-               payload_sha256: bytes) -> dict[str, str]:
+def processes_per_host(spec: pb.JobSpec) -> int:
+    return max(1, spec.processes_per_host)
+
+
+def num_processes(spec: pb.JobSpec) -> int:
+    return spec.num_hosts * processes_per_host(spec)
+
+
+# The chips of one TPU host as a 2D grid (4 chips: 2x2; 8 chips: 2x4).
+_HOST_GRID = {1: (1, 1), 2: (1, 2), 4: (2, 2), 8: (2, 4)}
+TPU_PROCESS_BASE_PORT = 8476
+
+
+def tpu_process_env(chips_per_host: int, n: int, k: int) -> dict[str, str]:
+    """The variables JAX documents for running ``n`` processes on one TPU host
+    (this is process ``k``): each sees its own chips and its siblings' ports."""
+    gx, gy = _HOST_GRID.get(chips_per_host, (1, chips_per_host))
+    per = chips_per_host // n
+    cx = 1 if per < gx or per == 1 else gx
+    cy = per // cx
+    return {
+        "TPU_VISIBLE_CHIPS": ",".join(str(c) for c in range(k * per, (k + 1) * per)),
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": f"{cx},{cy},1",
+        "TPU_PROCESS_BOUNDS": f"{gx // cx},{gy // cy},1",
+        "TPU_PROCESS_ADDRESSES": ",".join(f"localhost:{TPU_PROCESS_BASE_PORT + j}"
+                                          for j in range(n)),
+        "TPU_PROCESS_PORT": str(TPU_PROCESS_BASE_PORT + k),
+        "CLOUD_TPU_TASK_ID": str(k),
+    }
+
+
+def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
+               coordinator: str, simulate_devices: int) -> dict[str, str]:
     """The environment of one worker: the agent's (as passed_environment has
     filtered it), the user's ``env=``, and JAX's."""
+    n = processes_per_host(spec)
     env = dict(base)
-    env.update(user_env)
+    env.update(spec.env)
     env.update({
         "JAX_COORDINATOR_ADDRESS": coordinator,
-        "JAX_NUM_PROCESSES": str(num_processes),
+        "JAX_NUM_PROCESSES": str(num_processes(spec)),
         "JAX_PROCESS_ID": str(process_id),
-        "REMOTE_TPU_JOB_ID": job_id,
-        "REMOTE_TPU_HOST_INDEX": str(process_id),
-        "REMOTE_TPU_NUM_HOSTS": str(num_processes),
-        "REMOTE_TPU_ACCELERATOR": accelerator,
+        "REMOTE_TPU_JOB_ID": spec.job_id,
+        "REMOTE_TPU_HOST_INDEX": str(process_id // n),
+        "REMOTE_TPU_PROCESS_INDEX": str(process_id),
+        "REMOTE_TPU_NUM_HOSTS": str(spec.num_hosts),
+        "REMOTE_TPU_ACCELERATOR": spec.accelerator,
         "PYTHONUNBUFFERED": "1",     # prints reach the caller as they happen
-        _worker.ENV_PAYLOAD_SHA256: payload_sha256.hex(),
+        _worker.ENV_PAYLOAD_SHA256: spec.payload_sha256.hex(),
     })
+    timeouts = spec.jax_timeouts
     if timeouts.initialization_seconds:
         env[_worker.ENV_INIT_TIMEOUT] = str(timeouts.initialization_seconds)
     if timeouts.heartbeat_seconds:
@@ -281,5 +313,9 @@ def worker_env(base: Mapping[str, str], *, job_id: str, accelerator: str, proces
         env[_worker.ENV_SHUTDOWN_TIMEOUT] = str(timeouts.shutdown_seconds)
     if simulate_devices:
         env["JAX_PLATFORMS"] = "cpu"
-        env[_worker.ENV_SIMULATE_DEVICES] = str(simulate_devices)
+        env[_worker.ENV_SIMULATE_DEVICES] = str(max(1, simulate_devices // n))
+    elif n > 1:
+        from remote_tpu._topology import Topology
+        chips = Topology.parse(spec.accelerator).chips_per_host
+        env.update(tpu_process_env(chips, n, process_id % n))
     return env

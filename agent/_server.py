@@ -29,7 +29,7 @@ from . import _worker
 from ._discovery import MetadataServer, Slice, advertise_address
 from ._gateway import GatewayJob
 from ._guard import TokenInterceptor
-from ._runner import WorkerRun, passed_environment, worker_env
+from ._runner import WorkerRun, num_processes, passed_environment, worker_env
 from ._scheduler import Scheduler
 from ._store import JobRecord, JobStore
 from ._tpu import DEFAULT_DEVICES, DEFAULT_LOCKFILE, TpuBusy, TpuGuard
@@ -84,8 +84,11 @@ class AgentService(pb_grpc.AgentServicer):
         self.store = JobStore(self.state_dir, keep=config.keep_jobs)
         self.tpu = TpuGuard(config.tpu_lockfile, config.tpu_devices, config.kill_tpu_holders)
         self.scheduler = Scheduler(self._make_job)
-        self._peer_busy = threading.Lock()
-        self._peer_runs: dict[str, WorkerRun] = {}
+        # A host runs one job's workers at a time (several when processes_per_host > 1).
+        self._peer_slot = threading.Condition()
+        self._peer_job = ""
+        self._peer_count = 0
+        self._peer_runs: dict[tuple[str, int], WorkerRun] = {}
         self._worker_base_env = passed_environment(os.environ, config.pass_env)
 
     @property
@@ -125,7 +128,7 @@ class AgentService(pb_grpc.AgentServicer):
         status = self._status(record)
         if status.phase == pb.JOB_PHASE_QUEUED and status.queued_behind:
             yield pb.Event(host=0, queued=status)
-        hosts = {pb.STREAM_MODE_ALL: list(range(record.spec.num_hosts)),
+        hosts = {pb.STREAM_MODE_ALL: list(range(num_processes(record.spec))),
                  pb.STREAM_MODE_NONE: []}.get(spec.stream, [0])
         yield from self._watch(record, hosts, [], follow=True, context=context, with_end=False)
         yield from self._result(record)
@@ -134,11 +137,11 @@ class AgentService(pb_grpc.AgentServicer):
               ) -> Iterator[pb.Event]:
         record = self._known(request.job_id, context)
         hosts = list(request.hosts) or [0]
-        bad = [h for h in hosts if h >= max(1, record.spec.num_hosts)]
+        count = max(1, num_processes(record.spec))
+        bad = [h for h in hosts if h >= count]
         if bad:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"job {record.job_id} has hosts 0-{record.spec.num_hosts - 1}, "
-                          f"not {bad[0]}")
+                          f"job {record.job_id} has processes 0-{count - 1}, not {bad[0]}")
         yield from self._watch(record, hosts, list(request.offsets), request.follow, context,
                                with_end=True)
 
@@ -162,9 +165,10 @@ class AgentService(pb_grpc.AgentServicer):
         stacks = self.scheduler.stacks(request.job_id)
         if stacks is not None:
             return pb.StacksReply(hosts=stacks)
-        run = self._peer_runs.get(request.job_id)
-        if run is not None:
-            return pb.StacksReply(hosts=[pb.HostStacks(host=run.host, text=run.stacks())])
+        runs = [run for (job, _), run in list(self._peer_runs.items()) if job == request.job_id]
+        if runs:
+            return pb.StacksReply(hosts=[pb.HostStacks(host=run.host, text=run.stacks())
+                                         for run in runs])
         record = self._known(request.job_id, context)
         context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                       f"job {record.job_id} is not running "
@@ -335,7 +339,7 @@ class AgentService(pb_grpc.AgentServicer):
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
                            "the job spec carries no SHA-256 digest of its payload")
         if spec.role == pb.ROLE_PEER and not (
-                0 < spec.process_id < spec.num_hosts and spec.coordinator_address):
+                0 < spec.process_id < num_processes(spec) and spec.coordinator_address):
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
                            f"peer job needs 0 < process_id < num_hosts and a coordinator; "
                            f"got process {spec.process_id} of {spec.num_hosts}, coordinator "
@@ -398,23 +402,27 @@ class AgentService(pb_grpc.AgentServicer):
                           "way. Nothing was run.")
 
     def _env_for(self, spec: pb.JobSpec, process_id: int, coordinator: str) -> dict[str, str]:
-        return worker_env(self._worker_base_env, job_id=spec.job_id,
-                          accelerator=spec.accelerator,
-                          process_id=process_id, num_processes=spec.num_hosts,
+        return worker_env(self._worker_base_env, spec=spec, process_id=process_id,
                           coordinator=coordinator,
-                          simulate_devices=self.config.simulate_devices,
-                          timeouts=spec.jax_timeouts, user_env=dict(spec.env),
-                          payload_sha256=spec.payload_sha256)
+                          simulate_devices=self.config.simulate_devices)
 
     def _run_peer(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
                   context: grpc.ServicerContext) -> Iterator[pb.Event]:
         """This host's part of a gateway's job: one worker, obeying the gateway."""
-        if not self._peer_busy.acquire(timeout=5):
-            self._abort(context, _Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, "busy",
-                f"host {self.endpoint} is still running another job's worker"))
+        with self._peer_slot:
+            free = self._peer_slot.wait_for(
+                lambda: self._peer_count == 0 or self._peer_job == spec.job_id, timeout=5)
+            if not free:
+                self._abort(context, _Refused(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, "busy",
+                    f"host {self.endpoint} is still running job {self._peer_job}'s worker"))
+            self._peer_job = spec.job_id
+            self._peer_count += 1
+        mine = pb.JobSpec()
+        mine.CopyFrom(spec)
+        mine.job_id = f"{spec.job_id}.p{spec.process_id}"     # this process's own record
         try:
-            record, created = self.store.create(spec, pb.ROLE_PEER)
+            record, created = self.store.create(mine, pb.ROLE_PEER)
             if not created:
                 self._abort(context, _Refused(grpc.StatusCode.ALREADY_EXISTS, "protocol",
                                               f"job {spec.job_id} already ran on this host"))
@@ -430,11 +438,15 @@ class AgentService(pb_grpc.AgentServicer):
             yield from self._peer_events(spec, requests, record, context)
         finally:
             try:
-                os.unlink(os.path.join(self.store.get(spec.job_id, pb.ROLE_PEER).dir,
+                os.unlink(os.path.join(self.store.get(mine.job_id, pb.ROLE_PEER).dir,
                                        _worker.PAYLOAD_FILE))
             except (OSError, AttributeError):
                 pass
-            self._peer_busy.release()
+            with self._peer_slot:
+                self._peer_count -= 1
+                if not self._peer_count:
+                    self._peer_job = ""
+                self._peer_slot.notify_all()
 
     def _peer_events(self, spec, requests, record: JobRecord, context) -> Iterator[pb.Event]:
         events: queue.Queue = queue.Queue()
@@ -464,7 +476,7 @@ class AgentService(pb_grpc.AgentServicer):
         context.add_callback(on_done)
         log.info("job %s: host %d, coordinator %s", spec.job_id, spec.process_id,
                  spec.coordinator_address)
-        self._peer_runs[spec.job_id] = run
+        self._peer_runs[(spec.job_id, spec.process_id)] = run
         final = pb.JOB_PHASE_LOST
         try:
             run.start()
@@ -486,7 +498,7 @@ class AgentService(pb_grpc.AgentServicer):
         finally:
             run.close()
             run.finished.wait(5)
-            self._peer_runs.pop(spec.job_id, None)
+            self._peer_runs.pop((spec.job_id, spec.process_id), None)
             self.tpu.release()
             record.set_phase(final, "" if final != pb.JOB_PHASE_LOST else
                              "the gateway went away before this host finished")

@@ -34,6 +34,24 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        pid = _parent(pid)
+    return False
+
+
 def _holders(paths: set[str]) -> dict[int, str]:
     """pid -> one path it holds open, for every process holding one of ``paths``."""
     found: dict[int, str] = {}
@@ -73,9 +91,9 @@ class TpuGuard:
         return paths
 
     def _foreign(self) -> dict[int, str]:
-        holders = _holders(self._paths())
-        holders.pop(os.getpid(), None)
-        return holders
+        """Holders that are neither this agent nor anything it started."""
+        return {pid: path for pid, path in _holders(self._paths()).items()
+                if not _descends_from(pid, os.getpid())}
 
     def _remove_stale_lock(self, holders: dict[int, str]) -> None:
         lock = os.path.realpath(self.lockfile) if self.lockfile else ""

@@ -26,6 +26,7 @@ import time
 import traceback
 
 ENV_JOB_DIR = "REMOTE_TPU_JOB_DIR"            # payload.bin in, outcome files out
+ENV_PAYLOAD = "REMOTE_TPU_PAYLOAD"            # the payload, when not in the job dir
 ENV_CONTROL_FD = "REMOTE_TPU_CONTROL_FD"      # agent -> worker: b"R" = release
 ENV_STATUS_FD = "REMOTE_TPU_STATUS_FD"        # worker -> agent: b"D" = outcome written
 ENV_SIMULATE_DEVICES = "REMOTE_TPU_SIMULATE_DEVICES"
@@ -158,7 +159,8 @@ def main() -> None:
     try:
         _initialize_jax(process_id, num_processes)
         phase = "loading the function and its arguments"
-        with open(os.path.join(job_dir, PAYLOAD_FILE), "rb") as f:
+        payload = os.environ.get(ENV_PAYLOAD) or os.path.join(job_dir, PAYLOAD_FILE)
+        with open(payload, "rb") as f:
             data = bytearray(os.fstat(f.fileno()).st_size)
             f.readinto(data)
         if hashlib.sha256(data).hexdigest() != os.environ.get(ENV_PAYLOAD_SHA256):

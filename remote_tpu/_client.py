@@ -83,7 +83,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, hosts: list[str]) 
                                     heartbeat_seconds=jt.heartbeat,
                                     shutdown_seconds=jt.shutdown),
         payload_size=payload.nbytes, devices_per_host=topology.devices_per_host,
-        payload_sha256=payload.sha256(),
+        payload_sha256=payload.sha256(), processes_per_host=options.processes_per_host,
     )
 
 
@@ -102,7 +102,9 @@ def _attached(gateway: str, spec: pb.JobSpec, payload: Payload, credentials: Cre
               options: RunOptions) -> Any:
     stub = pb_grpc.AgentStub(_channel(gateway, credentials))
     stream = stub.Run(_requests(spec, payload), metadata=credentials.metadata)
-    return outcome(stream, OutputRenderer(options.stream), gateway=gateway, job_id=spec.job_id,
+    label = "process" if options.processes_per_host > 1 else "host"
+    return outcome(stream, OutputRenderer(options.stream, label), gateway=gateway,
+                   job_id=spec.job_id,
                    accelerator=options.topology.name)
 
 

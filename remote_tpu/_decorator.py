@@ -64,6 +64,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         jax_timeouts: JaxTimeouts | None = None,
         token: str | None = None,
         tls: TLS | None = None,
+        processes_per_host: int = 1,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -82,6 +83,8 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         ``$REMOTE_TPU_TOKEN_FILE``, then ``~/.config/remote_tpu/token``).
     tls: ``remote_tpu.TLS(ca=..., cert=..., key=...)`` to verify the agent's
         certificate (``REMOTE_TPU_TLS_CA``, ``_CERT``, ``_KEY``).
+    processes_per_host: JAX processes on each host, sharing its chips evenly
+        (process id = host * processes_per_host + k).
     """
     if fn is not None:
         raise ConfigurationError(
@@ -89,7 +92,8 @@ def run(fn: Callable[..., Any] | None = None, /, *,
             "@remote_tpu.run(accelerator='tpu-v4-16', hosts='local'), with parentheses, "
             f"above {getattr(fn, '__qualname__', fn)!r}")
     options = resolve(accelerator=accelerator, hosts=hosts, timeout=timeout, stream=stream,
-                      env=env, jax_timeouts=jax_timeouts, token=token, tls=tls)
+                      env=env, jax_timeouts=jax_timeouts, token=token, tls=tls,
+                      processes_per_host=processes_per_host)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

@@ -41,6 +41,7 @@ class RunOptions:
     jax_timeouts: JaxTimeouts
     token: str | None = dataclasses.field(default=None, repr=False)   # None: look it up per call
     tls: TLS | None = None
+    processes_per_host: int = 1
 
     @property
     def local(self) -> bool:
@@ -124,7 +125,8 @@ def _positive(name: str, value: object, env: str) -> float | None:
 def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | None,
             timeout: float | None, stream: str | None,
             env: Mapping[str, str] | None, jax_timeouts: JaxTimeouts | None,
-            token: str | None = None, tls: TLS | None = None) -> RunOptions:
+            token: str | None = None, tls: TLS | None = None,
+            processes_per_host: int = 1) -> RunOptions:
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
@@ -160,11 +162,20 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
                                      f"seconds, got {v!r}")
     if token is not None:
         check_token(token, "token=")
+    n = processes_per_host
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1 or \
+            topology.chips_per_host % n or topology.devices_per_host % n:
+        divisors = [d for d in range(1, topology.chips_per_host + 1)
+                    if topology.chips_per_host % d == 0]
+        raise ConfigurationError(
+            f"processes_per_host={n!r}: {topology.name} has {topology.chips_per_host} chips "
+            f"per host, to share evenly; use one of {', '.join(map(str, divisors))}")
     if tls is not None and not isinstance(tls, TLS):
         raise ConfigurationError(f"tls= must be a remote_tpu.TLS(ca=...), got {tls!r}")
     return RunOptions(
         token=token,
         tls=tls if tls is not None else TLS.from_env(),
+        processes_per_host=processes_per_host,
         topology=topology,
         hosts=parse_hosts(hosts, topology),
         timeout=_positive("timeout", timeout, "REMOTE_TPU_TIMEOUT"),

@@ -18,8 +18,9 @@ class OutputRenderer:
     written when the job ends. ``"none"`` writes nothing.
     """
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, label: str = "host") -> None:
         self.mode = mode
+        self.label = label        # "process" when a host runs several
         self._decoders: dict[tuple[int, int], codecs.IncrementalDecoder] = {}
         self._partial: dict[tuple[int, int], str] = {}
 
@@ -41,19 +42,20 @@ class OutputRenderer:
             complete, newline, rest = text.rpartition("\n")
             if rest:
                 self._partial[key] = rest
-            text = self._prefixed(host, complete + newline)
+            text = self._prefixed(host, complete + newline, self.label)
         self._emit(stream, text)
 
     def close(self) -> None:
         for (host, stream), decoder in self._decoders.items():
             text = decoder.decode(b"", final=True)
             if self.mode == "all":
-                text = self._prefixed(host, self._partial.pop((host, stream), "") + text)
+                text = self._prefixed(host, self._partial.pop((host, stream), "") + text,
+                                      self.label)
             self._emit(stream, text)
 
     @staticmethod
-    def _prefixed(host: int, text: str) -> str:
-        prefix = f"[host {host}] "
+    def _prefixed(host: int, text: str, label: str) -> str:
+        prefix = f"[{label} {host}] "
         return "".join(prefix + line for line in text.splitlines(keepends=True))
 
     def _emit(self, stream: int, text: str) -> None:

@@ -208,3 +208,26 @@ def _raised(fn) -> BaseException | None:
     except BaseException as exc:  # noqa: BLE001
         return exc
     return None
+
+
+@pytest.mark.slow
+def test_several_processes_per_host_across_agents(two_agents):
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0],
+                    token=two_agents.token, processes_per_host=2)
+    def spread(fail_on=-1):
+        import os
+
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental import multihost_utils
+        if jax.process_index() == fail_on:
+            raise RuntimeError(f"process {fail_on} gives up")
+        ids = multihost_utils.process_allgather(jnp.array([jax.process_index()]))
+        return sorted(int(i) for i in ids.ravel()), jax.device_count(), \
+            os.environ["REMOTE_TPU_HOST_INDEX"]
+
+    assert spread() == ([0, 1, 2, 3], 4, "0")
+    with pytest.raises(RuntimeError, match="process 3 gives up") as info:
+        spread(3)
+    assert any("raised on host 3 of 4" in note for note in info.value.__notes__)
+    assert wait_until(lambda: not live_workers(), 5)
