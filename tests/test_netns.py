@@ -158,3 +158,91 @@ def test_client_whose_network_vanishes_has_its_attached_job_cancelled(link, tmp_
         client.kill()
         client.wait()
         gateway.stop()
+
+
+@pytest.fixture
+def two_hosts(tmp_path):
+    """Two namespaces joined by one veth pair, each with its own IP, hostname
+    (w0, w1) and hosts file: separate hosts as far as JAX and Gloo can tell."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None:
+        pytest.skip("needs root, iproute2 and unshare")
+    names = [f"{NS}-h0", f"{NS}-h1"]
+    ends = [f"rtph0{os.getpid() % 10000}", f"rtph1{os.getpid() % 10000}"]
+    ips = ["10.254.9.1", "10.254.9.2"]
+    try:
+        for name in names:
+            subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+        subprocess.run(["ip", "link", "add", ends[0], "type", "veth", "peer", "name", ends[1]],
+                       check=True, capture_output=True)
+        for name, end, ip in zip(names, ends, ips):
+            subprocess.run(["ip", "link", "set", end, "netns", name], check=True,
+                           capture_output=True)
+            for args in (["addr", "add", f"{ip}/24", "dev", end], ["link", "set", end, "up"],
+                         ["link", "set", "lo", "up"]):
+                subprocess.run(["ip", "netns", "exec", name, "ip", *args], check=True,
+                               capture_output=True)
+        probe = subprocess.run(["ip", "netns", "exec", names[0], "unshare", "--uts", "--mount",
+                                "true"], capture_output=True)
+        if probe.returncode != 0:
+            pytest.skip(f"unshare --uts --mount is not allowed here: {probe.stderr!r}")
+    except subprocess.CalledProcessError as exc:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        pytest.skip(f"cannot make two namespaces: {exc.stderr!r}")
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("127.0.0.1 localhost\n" +
+                          "".join(f"{ip} w{i}\n" for i, ip in enumerate(ips)))
+    yield names, ips, str(hosts_file)
+    for name in names:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def _as_host(ns: str, hostname: str, hosts_file: str, argv: list[str]) -> list[str]:
+    script = (f"hostname {hostname} && mount --bind {hosts_file} /etc/hosts && "
+              'exec "$@"')
+    return ["ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "sh", "-c", script,
+            "sh", *argv]
+
+
+def test_collective_across_namespaces_each_with_its_own_hostname(two_hosts, tmp_path):
+    names, ips, hosts_file = two_hosts
+    token = new_token()
+    port = free_port()
+    agents = []
+    try:
+        for i, (ns, ip) in enumerate(zip(names, ips)):
+            state = tempfile.mkdtemp(prefix="netns-host-")
+            env = {**os.environ, TOKEN_ENV: token, "TPU_WORKER_ID": str(i),
+                   "TPU_WORKER_HOSTNAMES": "w0,w1", "TPU_ACCELERATOR_TYPE": "v4-16"}
+            argv = [sys.executable, "-m", "remote_tpu_agent", "--host", ip, "--port",
+                    str(port), "--insecure", "--simulate-devices", "2", "--state-dir",
+                    state, "--log-level", "WARNING"]
+            proc = subprocess.Popen(_as_host(ns, f"w{i}", hosts_file, argv),
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    text=True, env=env)
+            agents.append(proc)
+            assert proc.stdout.readline().startswith("remote-tpu-agent listening on")
+        client = textwrap.dedent(f"""
+            import socket, remote_tpu
+            @remote_tpu.run(accelerator="tpu-v4-16", hosts="{ips[1]}:{port}", token={token!r})
+            def gather():
+                import socket
+                import jax, jax.numpy as jnp
+                from jax.experimental import multihost_utils
+                names = multihost_utils.process_allgather(
+                    jnp.array([ord(socket.gethostname()[-1])]))
+                return [chr(int(n)) for n in names.ravel()], jax.device_count()
+            print(socket.gethostname(), gather())
+        """)
+        done = subprocess.run(_as_host(names[1], "w1", hosts_file,
+                                       [sys.executable, "-c", client]),
+                              capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+        assert done.returncode == 0, done.stderr[-3000:]
+        # The client sat on host w1, asked worker 1, and was sent to worker 0.
+        assert done.stdout.strip() == "w1 (['0', '1'], 4)"
+    finally:
+        for proc in agents:
+            proc.terminate()
+        for proc in agents:
+            proc.wait(15)
+            proc.stdout.close()
