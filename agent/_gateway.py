@@ -116,7 +116,6 @@ class GatewayJob:
                         for i in range(self.n)]
         self.done: set[int] = set()
         self.exited: set[int] = set()
-        self.ended = threading.Event()
 
     def cancel(self, reason: str, state: int = pb.JOB_STATE_CANCELLED) -> None:
         """Stop the job on every host; it ends in ``state`` with ``reason``."""
@@ -145,7 +144,6 @@ class GatewayJob:
                 h.close()
             if self.tpu is not None:
                 self.tpu.release()
-            self.ended.set()
 
     def _preflight(self) -> list[pb.HostReport]:
         """Every peer must answer, accept our credentials and speak our protocol

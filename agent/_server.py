@@ -165,7 +165,8 @@ class AgentService(pb_grpc.AgentServicer):
         stacks = self.scheduler.stacks(request.job_id)
         if stacks is not None:
             return pb.StacksReply(hosts=stacks)
-        runs = [run for (job, _), run in list(self._peer_runs.items()) if job == request.job_id]
+        runs = [run for (job, _), run in list(self._peer_runs.items())
+                if job == request.job_id]
         if runs:
             return pb.StacksReply(hosts=[pb.HostStacks(host=run.host, text=run.stacks())
                                          for run in runs])
