@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import inspect
 import io
 import json
+import os
 import pickle
+import site
 import struct
 import sys
 import sysconfig
@@ -243,10 +244,18 @@ def _safe_str(exc: BaseException) -> str:
 
 @functools.lru_cache(maxsize=1)
 def _installed_roots() -> tuple[frozenset[str], tuple[str, ...]]:
-    names = set(sys.stdlib_module_names) | set(sys.builtin_module_names)
-    names |= set(importlib.metadata.packages_distributions())
-    paths = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return frozenset(names), tuple(sorted(paths))
+    """Standard-library names, and the directories installed packages live in.
+    (Asking importlib.metadata for every distribution would cost ~30 ms, in
+    every worker too; an editable install counts as local, and travels by value.)"""
+    names = frozenset(sys.stdlib_module_names) | frozenset(sys.builtin_module_names)
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    paths = {sysconfig.get_paths()[k] for k in keys}
+    try:
+        paths |= set(site.getsitepackages()) | {site.getusersitepackages()}
+    except AttributeError:      # some embedded interpreters lack these
+        pass
+    paths |= {os.path.realpath(p) for p in paths}
+    return names, tuple(sorted(paths))
 
 
 def _is_local(name: str, module: types.ModuleType) -> bool:
