@@ -9,7 +9,6 @@ heartbeat timeout, then reports every host's final state.
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import logging
 import os
 import queue
@@ -21,7 +20,6 @@ from collections.abc import Iterator, Sequence
 
 from remote_tpu._options import join_host_port
 from remote_tpu._proto import remote_tpu_pb2 as pb
-from remote_tpu._serialization import CHUNK_SIZE
 from remote_tpu._transport import Credentials
 
 from . import _worker
@@ -273,13 +271,9 @@ class GatewayJob:
         if lost:
             yield from self._fail(pb.JOB_STATE_FAILED)
             return
-        digest = hashlib.sha256()
-        with open(os.path.join(self.job_dir, _worker.RESULT_FILE), "rb") as f:
-            while chunk := f.read(CHUNK_SIZE):
-                digest.update(chunk)
         yield pb.Event(host=0, end=pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
                                              hosts=self.reports,
-                                             result_sha256=digest.digest()))
+                                             result_sha256=self.local.result_sha256))
 
     def _settle_hosts(self, handles: Sequence) -> Iterator[pb.Event]:
         """Wait for these released hosts to exit; stop those that do not."""

@@ -49,6 +49,7 @@ class WorkerRun:
         self.proc: subprocess.Popen | None = None
         self._control_w: int | None = None
         self.report = pb.HostReport(host=host, state=pb.HOST_STATE_PENDING)
+        self.result_sha256 = b""          # process 0's result file, once written
         self.finished = threading.Event()   # set once the `exited` event is out
 
     # ------------------------------------------------------------ lifecycle
@@ -188,6 +189,7 @@ class WorkerRun:
                                      "traceback": "", "pickled": ""}}
         with self._lock:
             if outcome.get("state") == "succeeded":
+                self.result_sha256 = bytes.fromhex(outcome.get("result_sha256", ""))
                 self.report.state = pb.HOST_STATE_SUCCEEDED
                 self.report.detail = "returned"
             else:

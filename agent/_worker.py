@@ -174,9 +174,12 @@ def main() -> None:
         if process_id == 0:
             phase = "pickling the return value"
             payload = _serialization.dumps(value, what="the return value")
+            digest = hashlib.sha256()
             with open(os.path.join(job_dir, RESULT_FILE), "wb") as f:
                 for part in payload.parts:
                     f.write(part)
+                    digest.update(part)
+            outcome["result_sha256"] = digest.hexdigest()
         del value
     except BaseException as exc:  # noqa: BLE001 - everything is reported
         info = _serialization.describe_exception(exc)

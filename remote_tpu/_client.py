@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import re
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -26,23 +24,10 @@ from ._proto import remote_tpu_pb2_grpc as pb_grpc
 from ._render import OutputRenderer
 from ._serialization import Payload, loads
 from ._topology import Topology
-from ._transport import Credentials, Redirect, error_from_rpc, versions_pb
+from ._transport import Credentials, Redirect, error_from_rpc, shared_channel, versions_pb
 
 _STREAM_MODES = {"leader": pb.STREAM_MODE_LEADER, "all": pb.STREAM_MODE_ALL,
                  "none": pb.STREAM_MODE_NONE}
-_channels: dict[tuple[str, Credentials], grpc.Channel] = {}
-_channels_lock = threading.Lock()
-
-
-def _channel(address: str, credentials: Credentials) -> grpc.Channel:
-    key = (address, dataclasses.replace(credentials, token=None))
-    with _channels_lock:
-        ch = _channels.get(key)
-        if ch is None:
-            ch = _channels[key] = credentials.channel(address)
-        return ch
-
-
 def new_job_id(name: str) -> str:
     stem = re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:40].strip("-._") or "job"
     return f"{stem}-{uuid.uuid4().hex[:12]}"
@@ -100,7 +85,7 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
 
 def _attached(gateway: str, spec: pb.JobSpec, payload: Payload, credentials: Credentials,
               options: RunOptions) -> Any:
-    stub = pb_grpc.AgentStub(_channel(gateway, credentials))
+    stub = pb_grpc.AgentStub(shared_channel(gateway, credentials))
     stream = stub.Run(_requests(spec, payload), metadata=credentials.metadata)
     label = "process" if options.processes_per_host > 1 else "host"
     return outcome(stream, OutputRenderer(options.stream, label), gateway=gateway,
@@ -125,7 +110,7 @@ def submit(options: RunOptions, payload: Payload, job_id: str):
 
 
 def _submit(gateway: str, spec: pb.JobSpec, payload: Payload, credentials: Credentials) -> None:
-    stub = pb_grpc.AgentStub(_channel(gateway, credentials))
+    stub = pb_grpc.AgentStub(shared_channel(gateway, credentials))
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(4), reraise=True,
         wait=tenacity.wait_exponential(multiplier=0.25, max=2),

@@ -18,7 +18,7 @@ from ._proto import remote_tpu_pb2 as pb
 from ._proto import remote_tpu_pb2_grpc as pb_grpc
 from ._render import OutputRenderer
 from ._topology import Topology
-from ._transport import Credentials, error_from_rpc
+from ._transport import Credentials, error_from_rpc, shared_channel
 
 STATES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "LOST",
           "PREEMPTED")
@@ -68,7 +68,7 @@ class JobHandle:
         self._credentials = credentials
         self._accelerator = accelerator
         self._local = local
-        self._stub = pb_grpc.AgentStub(credentials.channel(gateway))
+        self._stub = pb_grpc.AgentStub(shared_channel(gateway, credentials))
 
     @property
     def id(self) -> str:

@@ -4,6 +4,7 @@ and gRPC status -> exception. Used by the client and by gateways for their peers
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import grpc
 import tenacity
@@ -84,6 +85,21 @@ class Credentials:
         creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key,
                                              certificate_chain=cert)
         return grpc.secure_channel(address, creds, options=options)
+
+
+_channels: dict[tuple[str, Credentials], grpc.Channel] = {}
+_channels_lock = threading.Lock()
+
+
+def shared_channel(address: str, credentials: Credentials) -> grpc.Channel:
+    """One long-lived channel per agent and TLS setting, for this process (the
+    token travels per call, so it is not part of the key)."""
+    key = (address, dataclasses.replace(credentials, token=None))
+    with _channels_lock:
+        channel = _channels.get(key)
+        if channel is None:
+            channel = _channels[key] = credentials.channel(address)
+        return channel
 
 
 def error_from_rpc(exc: grpc.RpcError, address: str) -> RemoteTPUError:
