@@ -283,8 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     faulthandler.register(signal.SIGUSR1, all_threads=True)   # `kill -USR1`: where is it?
     stop = threading.Event()
+    # A signal handler runs in the main thread between any two bytecodes, maybe
+    # while that thread holds the Event's own lock inside stop.wait(): setting the
+    # Event there can deadlock. The handler only raises a flag the loop below reads.
+    signalled: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _frame: signalled.append(signum))
     if args.exit_with_stdin:
         def watch_stdin() -> None:
             while os.read(0, 4096):
@@ -297,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
              max(1, len(found.peers)), found.source, service.address,
              "TLS" + (" + client certificates" if args.mtls else "") if args.tls_cert
              else "no TLS", "token required" if token else "NO TOKEN")
-    stop.wait()
+    while not signalled and not stop.wait(0.2):
+        pass
     log.info("shutting down")
     service.stop_all()
     server.stop(grace=1).wait()
