@@ -283,9 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     faulthandler.register(signal.SIGUSR1, all_threads=True)   # `kill -USR1`: where is it?
     stop = threading.Event()
-    # A signal handler runs in the main thread between any two bytecodes, maybe
-    # while that thread holds the Event's own lock inside stop.wait(): setting the
-    # Event there can deadlock. The handler only raises a flag the loop below reads.
+    # CPython runs a Python signal handler only when the main thread wakes; a
+    # SIGTERM delivered to one of gRPC's threads leaves an untimed stop.wait()
+    # asleep for ever (seen). So the main thread wakes every 0.2 s, and the
+    # handler only raises a flag (taking the Event's lock there could deadlock).
     signalled: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: signalled.append(signum))
