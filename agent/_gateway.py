@@ -146,8 +146,12 @@ class GatewayJob:
     def _preflight(self) -> list[pb.HostReport]:
         """Every peer must answer, accept our credentials and speak our protocol
         before anything starts anywhere."""
-        with concurrent.futures.ThreadPoolExecutor(max(1, len(self.remotes))) as pool:
-            problems = list(pool.map(lambda r: r.preflight(), self.remotes))
+        first = {}                    # one check per peer agent, whatever its processes
+        for remote in self.remotes:
+            first.setdefault(remote.address, remote)
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(first))) as pool:
+            by_agent = dict(zip(first, pool.map(lambda r: r.preflight(), first.values())))
+        problems = [by_agent[remote.address] for remote in self.remotes]
         refused = []
         if self.tpu is not None:
             try:

@@ -16,12 +16,11 @@ from ._version import local_versions
 def _version(args: argparse.Namespace) -> int:
     out = {"client": local_versions()}
     if args.hosts:
-        from ._auth import TLS, client_token
         from ._options import normalize_address
         from ._transport import Credentials, health
 
         address = normalize_address(args.hosts.split(",")[0])
-        credentials = Credentials(token=client_token(None), tls=TLS.from_env())
+        credentials = Credentials.for_client()
         with credentials.channel(address) as channel:
             reply = health(address, channel, credentials)
         v = reply.versions

@@ -12,7 +12,6 @@ from typing import Any
 import grpc
 import tenacity
 
-from ._auth import client_token
 from ._cloud import is_tpu_url
 from ._cloud import resolve as resolve_tpu
 from ._exceptions import AgentUnavailableError, ConfigurationError, SerializationError
@@ -52,7 +51,7 @@ def _target(options: RunOptions) -> tuple[str, list[str], Credentials]:
             raise ConfigurationError(
                 f"asked for {options.topology.name}, {options.topology.hosts} host(s); "
                 f"{options.hosts[0]} is {accelerator}, {t.hosts} host(s)")
-    credentials = Credentials(token=client_token(options.token), tls=options.tls)
+    credentials = Credentials.for_client(options.token, options.tls)
     return hosts[0], (hosts if len(hosts) > 1 else []), credentials
 
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from ._auth import TLS, client_token
+from ._auth import TLS
 from ._cloud import is_tpu_url
 from ._cloud import resolve as resolve_tpu
 from ._options import normalize_address
@@ -24,8 +24,7 @@ def doctor(hosts: Sequence[str], token: str | None = None, tls: TLS | None = Non
         hosts = resolve_tpu(hosts[0])[0]
     addresses = [normalize_address(h) for h in hosts]
     gateway = addresses[0]
-    credentials = Credentials(token=client_token(token),
-                              tls=tls if tls is not None else TLS.from_env())
+    credentials = Credentials.for_client(token, tls)
     with credentials.channel(gateway) as channel:
         try:
             reply = pb_grpc.AgentStub(channel).Doctor(

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from ._auth import TLS, client_token
+from ._auth import TLS
 from ._cloud import is_tpu_url
 from ._cloud import resolve as resolve_tpu
 from ._exceptions import ConfigurationError, JobTimeoutError, RemoteTPUError
@@ -182,8 +182,7 @@ def _gateway(hosts: str | Sequence[str] | None, token: str | None,
             "a local slice lives only as long as the process that started it: use the "
             "JobHandle that submit() returned there, or run agents with "
             "`remote-tpu local` / `remote-tpu-agent` and pass their addresses as hosts=")
-    return addresses[0], Credentials(token=client_token(token),
-                                     tls=tls if tls is not None else TLS.from_env())
+    return addresses[0], Credentials.for_client(token, tls)
 
 
 def attach(job_id: str, hosts: str | Sequence[str] | None = None, *, token: str | None = None,

@@ -9,7 +9,7 @@ import threading
 import grpc
 import tenacity
 
-from ._auth import TOKEN_METADATA_KEY, TLS
+from ._auth import TOKEN_METADATA_KEY, TLS, client_token
 from ._exceptions import (AgentUnavailableError, AuthenticationError, ConfigurationError,
                           RemoteTPUError, SerializationError, VersionMismatchError)
 from ._proto import remote_tpu_pb2 as pb
@@ -66,6 +66,12 @@ class Credentials:
     token: str | None = None
     tls: TLS | None = None
     keepalive: float | None = None    # seconds of silence before the peer counts as gone
+
+    @classmethod
+    def for_client(cls, token: str | None = None, tls: TLS | None = None) -> Credentials:
+        """A client's credentials: ``token`` or the one found by ``client_token``,
+        ``tls`` or the ``REMOTE_TPU_TLS_*`` environment."""
+        return cls(token=client_token(token), tls=tls if tls is not None else TLS.from_env())
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:

@@ -1,59 +1,73 @@
-"""A stand-in for the GCE metadata server of one TPU VM: a real HTTP server on
-loopback that answers like the real one (it demands ``Metadata-Flavor: Google``
-and says so in every answer; unknown keys are 404)."""
+"""Stand-ins for Google's HTTP services, as real HTTP servers on loopback: the
+GCE metadata server of one TPU VM, and (in test_tpu_vm.py) the Cloud TPU API."""
 
 from __future__ import annotations
 
 import http.server
 import threading
 import time
+from collections.abc import Callable
+
+# (path, request headers) -> (status, response headers, body)
+Respond = Callable[[str, dict[str, str]], tuple[int, dict[str, str], bytes]]
 
 
-class MetadataStandIn:
-    def __init__(self, attributes: dict[str, str], *, delay: float = 0.0,
-                 flavor_header: bool = True) -> None:
-        self.attributes = dict(attributes)
-        self.instance = {"preempted": "FALSE"}     # instance/<key>, besides attributes
-        self.requests: list[tuple[str, str | None]] = []
-        outer = self
+class HttpStandIn:
+    """A real HTTP server answering GETs with ``respond``."""
 
+    def __init__(self, respond: Respond) -> None:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                flavor = self.headers.get("Metadata-Flavor")
-                outer.requests.append((self.path, flavor))
-                time.sleep(delay)
-                if flavor != "Google":
-                    return self._send(403, "Missing required header: Metadata-Flavor\n")
-                prefix = "/computeMetadata/v1/instance/"
-                key = self.path[len(prefix):] if self.path.startswith(prefix) else ""
-                if key.startswith("attributes/"):
-                    value = outer.attributes.get(key.removeprefix("attributes/"))
-                else:
-                    value = outer.instance.get(key)
-                if value is None:
-                    return self._send(404, "not found\n")
-                return self._send(200, value)
-
-            def _send(self, code: int, body: str) -> None:
-                data = body.encode()
+                code, headers, body = respond(self.path, dict(self.headers))
                 self.send_response(code)
-                if flavor_header:
-                    self.send_header("Metadata-Flavor", "Google")
-                self.send_header("Content-Type", "application/text")
-                self.send_header("Content-Length", str(len(data)))
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(data)
+                self.wfile.write(body)
 
             def log_message(self, *args) -> None:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{self.address}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class MetadataStandIn(HttpStandIn):
+    """The metadata server of one TPU VM: it demands ``Metadata-Flavor: Google``
+    and says so in every answer; unknown keys are 404."""
+
+    def __init__(self, attributes: dict[str, str], *, delay: float = 0.0,
+                 flavor_header: bool = True) -> None:
+        self.attributes = dict(attributes)
+        self.instance = {"preempted": "FALSE"}     # instance/<key>, besides attributes
+        self.requests: list[tuple[str, str | None]] = []
+        self._delay = delay
+        self._flavor = {"Metadata-Flavor": "Google"} if flavor_header else {}
+        super().__init__(self._respond)
+
+    def _respond(self, path: str, headers: dict[str, str]) -> tuple[int, dict, bytes]:
+        flavor = headers.get("Metadata-Flavor")
+        self.requests.append((path, flavor))
+        time.sleep(self._delay)
+        reply = {**self._flavor, "Content-Type": "application/text"}
+        if flavor != "Google":
+            return 403, reply, b"Missing required header: Metadata-Flavor\n"
+        prefix = "/computeMetadata/v1/instance/"
+        key = path[len(prefix):] if path.startswith(prefix) else ""
+        if key.startswith("attributes/"):
+            value = self.attributes.get(key.removeprefix("attributes/"))
+        else:
+            value = self.instance.get(key)
+        if value is None:
+            return 404, reply, b"not found\n"
+        return 200, reply, value.encode()
 
 
 def tpu_vm(worker: int, hosts: list[str], accelerator: str, **kw) -> MetadataStandIn:

@@ -17,7 +17,7 @@ import pytest
 
 import remote_tpu
 from conftest import free_port
-from metadata_server import MetadataStandIn, tpu_vm
+from metadata_server import HttpStandIn, MetadataStandIn, tpu_vm
 from remote_tpu._auth import TOKEN_ENV, new_token
 from remote_tpu._exceptions import ConfigurationError
 from remote_tpu_agent._discovery import MetadataServer, discover
@@ -363,35 +363,18 @@ def test_a_preempted_host_ends_the_job_preempted():
 # ------------------------------------------------------ tpu://NAME (Cloud TPU API)
 
 
-class TpuApiStandIn:
+class TpuApiStandIn(HttpStandIn):
     """A stand-in for the Cloud TPU API's nodes.get (v2), a real HTTP server."""
 
     def __init__(self, nodes: dict[str, dict]) -> None:
-        import http.server
-        import threading
-        outer = self
         self.nodes = nodes
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                node = outer.nodes.get(self.path.removeprefix("/v2/"))
-                body = json.dumps(node if node else {"error": {"code": 404}}).encode()
-                self.send_response(200 if node else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def respond(path: str, headers: dict[str, str]) -> tuple[int, dict, bytes]:
+            node = self.nodes.get(path.removeprefix("/v2/"))
+            body = json.dumps(node if node else {"error": {"code": 404}}).encode()
+            return (200 if node else 404), {"Content-Type": "application/json"}, body
 
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(respond)
 
 
 def _node(ips: list[str], accelerator: str, state: str = "READY") -> dict:
