@@ -18,6 +18,39 @@ _TOKEN = re.compile(_PIECE.pattern + rb"|\d+|\s+")
 _START = _PIECES[0]
 
 
+# One whole message, as a single thread prints it (it can also land in the
+# middle of a line the user is writing from another thread).
+_MESSAGE = re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. "
+                      rb"Expected number of connected peer ranks is : \d+")
+_MESSAGE_ENDED = re.compile(_MESSAGE.pattern + rb"(?!\d)(?=.)", re.DOTALL)
+_MESSAGE_PARTS = (b"[Gloo] Rank ", None, b" is connected to ", None,
+                  b" peer ranks. Expected number of connected peer ranks is : ", None)
+
+
+def _could_grow_into_message(text: bytes) -> bool:
+    """Whether more bytes could turn ``text`` into a whole message (a message
+    whose last number may still continue counts)."""
+    pos = 0
+    for part in _MESSAGE_PARTS:
+        if part is None:                       # a number
+            end = pos
+            while end < len(text) and text[end:end + 1].isdigit():
+                end += 1
+            if end == len(text):
+                return True
+            if end == pos:
+                return False
+            pos = end
+        else:
+            n = min(len(part), len(text) - pos)
+            if text[pos:pos + n] != part[:n]:
+                return False
+            pos += n
+            if pos == len(text):
+                return True
+    return False
+
+
 def _residue(data: bytes) -> bytes:
     """What is left of ``data`` from the first byte that is no noise token."""
     pos = 0
@@ -58,6 +91,21 @@ class NoiseFilter:
             return any(p.startswith(rest) for p in _PIECES)
         return bool(_PIECE.search(partial)) or self._owed > 0
 
+    def _cut_messages(self, text: bytes, pattern: re.Pattern = _MESSAGE) -> bytes:
+        """``text`` without the whole messages inside it; each message's own
+        newline comes elsewhere, so it is owed."""
+        text, cut = pattern.subn(b"", text)
+        self._owed += cut
+        return text
+
+    def _split_partial(self, text: bytes) -> tuple[bytes, bytes]:
+        """(what can be shown now, what must wait) for text without a newline."""
+        text = self._cut_messages(text, _MESSAGE_ENDED)
+        start = text.rfind(b"[")
+        if start >= 0 and _could_grow_into_message(text[start:]):
+            return text[:start], text[start:]
+        return text, b""
+
     def feed(self, data: bytes) -> bytes:
         out = []
         data = self._held + data
@@ -66,21 +114,23 @@ class NoiseFilter:
             nl = data.find(b"\n")
             if self._mid_line:
                 if nl < 0:
-                    out.append(data)
+                    shown, self._held = self._split_partial(data)
+                    out.append(shown)
                     break
-                out.append(data[:nl + 1])
+                out.append(self._cut_messages(data[:nl + 1]))
                 data = data[nl + 1:]
                 self._mid_line = False
                 continue
             if nl >= 0:
                 line, data = data[:nl + 1], data[nl + 1:]
                 if not self._is_noise(line):
-                    out.append(line)
+                    out.append(self._cut_messages(line))
                 continue
             if self._could_be_noise(data):
                 self._held = data
             else:
-                out.append(data)
+                shown, self._held = self._split_partial(data)
+                out.append(shown)
                 self._mid_line = True
             break
         return b"".join(out)
@@ -89,7 +139,7 @@ class NoiseFilter:
         held, self._held = self._held, b""
         if not held or not _residue(held) and (_PIECE.search(held) or self._owed > 0):
             return b""
-        return held
+        return self._cut_messages(held)
 
 
 class Tail:

@@ -30,6 +30,19 @@ def test_interleaved_gloo_noise_is_dropped_whatever_the_chunking(step):
     assert out == b"hello\n" + user + b"partial"
 
 
+@pytest.mark.parametrize("step", [1, 3, 7, 10_000])
+def test_gloo_message_inside_a_user_line_is_cut_out(step):
+    # A Python print writes "ok" and "\n" separately; a C thread's Gloo message
+    # can land between them (its own newline is indistinguishable from the user's).
+    message = (b"[Gloo] Rank 3 is connected to 3 peer ranks. Expected number of "
+               b"connected peer ranks is : 3")
+    stream = b"ok" + message + b"\n\n" + b"progress [===>  ]\r" + b"next line\n"
+    f = NoiseFilter()
+    shown = [f.feed(stream[i:i + step]) for i in range(0, len(stream), step)]
+    assert b"".join(shown) + f.flush() == b"ok\nprogress [===>  ]\rnext line\n"
+    assert shown[0].startswith(b"o")          # the user's partial line is not held back
+
+
 def test_plain_gloo_line_dropped_and_partial_user_line_passes_at_once():
     f = NoiseFilter()
     assert f.feed(b"[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of "
