@@ -27,6 +27,11 @@ from ._transport import Credentials, Redirect, error_from_rpc, shared_channel, v
 
 _STREAM_MODES = {"leader": pb.STREAM_MODE_LEADER, "all": pb.STREAM_MODE_ALL,
                  "none": pb.STREAM_MODE_NONE}
+_RETRY_SECONDS = 15.0                       # see _retrying
+_SUBMIT_BASE_SECONDS = 600.0                # see upload_deadline
+_SLOWEST_UPLOAD_BYTES_PER_SECOND = 1_000_000
+
+
 def new_job_id(name: str) -> str:
     stem = re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:40].strip("-._") or "job"
     return f"{stem}-{uuid.uuid4().hex[:12]}"
@@ -85,11 +90,45 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
 def _attached(gateway: str, spec: pb.JobSpec, payload: Payload, credentials: Credentials,
               options: RunOptions) -> Any:
     stub = pb_grpc.AgentStub(shared_channel(gateway, credentials))
-    stream = stub.Run(_requests(spec, payload), metadata=credentials.metadata)
+    try:
+        stream = _retrying(gateway)(_start_run, stub, spec, payload, credentials)
+    except grpc.RpcError as exc:
+        raise error_from_rpc(exc, gateway) from None
     label = "process" if options.processes_per_host > 1 else "host"
     return outcome(stream, OutputRenderer(options.stream, label), gateway=gateway,
                    job_id=spec.job_id,
                    accelerator=options.topology.name)
+
+
+class _StartedRun:
+    """A Run stream whose first event was read already, handed on with it."""
+
+    def __init__(self, stream: Any, first: pb.Event | None) -> None:
+        self._stream = stream
+        self._first = first
+
+    def __iter__(self) -> Iterator[pb.Event]:
+        if self._first is not None:
+            yield self._first
+        yield from self._stream
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+
+def _start_run(stub: pb_grpc.AgentStub, spec: pb.JobSpec, payload: Payload,
+               credentials: Credentials) -> _StartedRun:
+    """One attempt at Run, up to its first event. ``stub.Run`` only starts the
+    call: a refused connection surfaces when the stream is first read, so that
+    read belongs to the attempt; once an event has arrived, nothing is retried.
+    Each attempt sends the payload from its start."""
+    stream = stub.Run(_requests(spec, payload), metadata=credentials.metadata)
+    try:
+        first = next(stream, None)
+    except BaseException:
+        stream.cancel()          # Ctrl-C before the first event: the job stops too
+        raise
+    return _StartedRun(stream, first)
 
 
 def submit(options: RunOptions, payload: Payload, job_id: str):
@@ -110,16 +149,59 @@ def submit(options: RunOptions, payload: Payload, job_id: str):
 
 def _submit(gateway: str, spec: pb.JobSpec, payload: Payload, credentials: Credentials) -> None:
     stub = pb_grpc.AgentStub(shared_channel(gateway, credentials))
-    retrying = tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(4), reraise=True,
-        wait=tenacity.wait_exponential(multiplier=0.25, max=2),
-        retry=tenacity.retry_if_exception(
-            lambda e: isinstance(e, grpc.RpcError) and e.code() == grpc.StatusCode.UNAVAILABLE))
+    deadline = upload_deadline(payload.nbytes)
     try:
-        retrying(lambda: stub.Submit(_requests(spec, payload), metadata=credentials.metadata,
-                                     timeout=600))
+        _retrying(gateway)(lambda: stub.Submit(_requests(spec, payload),
+                                               metadata=credentials.metadata,
+                                               timeout=deadline))
     except grpc.RpcError as exc:
         raise error_from_rpc(exc, gateway) from None
+
+
+def upload_deadline(payload_size: int) -> float:
+    """Seconds Submit may take to upload ``payload_size`` bytes and be answered.
+
+    Keepalive pings (see ``_transport.channel_options``) already end a call
+    whose connection or agent host is gone; a deadline is still what ends one
+    whose agent is alive but no longer reads (a full or hung disk, a bug),
+    since gRPC answers pings by itself. A fixed deadline would fail the largest
+    payloads on slow links (16 GiB in 600 s needs 28 MB/s), so it grows with the
+    payload: 600 s, plus 1 s per MB (16 GiB: about 5 hours)."""
+    return _SUBMIT_BASE_SECONDS + payload_size / _SLOWEST_UPLOAD_BYTES_PER_SECOND
+
+
+def _retrying(gateway: str) -> tenacity.Retrying:
+    """The retries of a call that the agent has not answered yet (Submit, and Run
+    before its first event), safe because the agent takes a job id only once.
+
+    Only UNAVAILABLE is retried (nothing answered: the agent is restarting, or
+    the connection dropped before any reply), never another status. The budget
+    counts from the call's first attempt, so a call that failed after running
+    for long is not sent again. The channel backs off its own reconnects
+    (``_transport.channel_options``: from 0.25 s up to 2 s), and an attempt
+    reaches an agent only after the channel's next try, so an agent back within
+    about 13 s is reached. No agent at all is reported after about 16 s."""
+    return tenacity.Retrying(
+        stop=tenacity.stop_after_delay(_RETRY_SECONDS), reraise=True,
+        wait=tenacity.wait_exponential(multiplier=0.25, max=2),
+        retry=tenacity.retry_if_exception(_unavailable),
+        before_sleep=lambda state: _retry_notice(gateway, state))
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """The connection was refused: nothing listens there (yet), as while an
+    agent restarts. Not a TLS failure or a closed socket (a client without TLS
+    at a TLS agent, or mutual TLS refusing it): asking again would not help."""
+    if not isinstance(exc, grpc.RpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    return "connection refused" in (exc.details() or "").lower()
+
+
+def _retry_notice(gateway: str, state: tenacity.RetryCallState) -> None:
+    if state.attempt_number == 1:        # once per call, not once per attempt
+        print(f"remote_tpu: no agent answered at {gateway}; retrying for up to "
+              f"{_RETRY_SECONDS:.0f} s (if it is not restarting, check that "
+              "`remote-tpu-agent` runs there)", file=sys.stderr, flush=True)
 
 
 def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,

@@ -1,0 +1,195 @@
+"""The client's retries (an agent that is not up yet) and Submit's upload deadline."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+import remote_tpu
+from conftest import Agents, free_port, wait_until
+from remote_tpu._auth import TOKEN_ENV, new_token
+from remote_tpu._client import upload_deadline
+
+pytestmark = pytest.mark.timeout(120)
+
+ACCELERATOR = "tpu-v5litepod-4"      # one host: one agent is the whole slice
+NOTICE = "remote_tpu: no agent answered at"
+
+
+class _LateAgent:
+    """A real `remote-tpu-agent` on ``port``, started ``delay`` seconds from now
+    (an agent that is restarting when the call begins)."""
+
+    def __init__(self, port: int, token: str, delay: float, state_dir: str) -> None:
+        self.cmd = [sys.executable, "-m", "remote_tpu_agent", "--port", str(port),
+                    "--simulate-devices", "2", "--state-dir", state_dir,
+                    "--log-level", "WARNING"]
+        self.env = {**os.environ, TOKEN_ENV: token}
+        self.proc: subprocess.Popen | None = None
+        self.started_at: float | None = None
+        self._timer = threading.Timer(delay, self._start)
+        self._timer.start()
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        self.started_at = time.monotonic()
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        self._timer.join()
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class _WatchedStdout(io.StringIO):
+    """A sys.stdout stand-in that says when ``text`` was written to it."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+        self.seen = threading.Event()
+
+    def write(self, s: str) -> int:
+        n = super().write(s)
+        if self.text in self.getvalue():
+            self.seen.set()
+        return n
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _answer():
+    print("hello from the late agent")
+    return 42
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["call", "submit"])
+def test_agent_coming_up_two_seconds_late_is_waited_for(how, tmp_path, capsys):
+    port, token = free_port(), new_token()
+    agent = _LateAgent(port, token, delay=2.0, state_dir=str(tmp_path))
+    try:
+        f = remote_tpu.run(accelerator=ACCELERATOR, hosts=f"127.0.0.1:{port}", token=token)(
+            _answer)
+        start = time.monotonic()
+        if how == "call":
+            assert f() == 42
+        else:
+            handle = f.submit()
+            submitted = time.monotonic() - start
+            assert handle.result() == 42
+        elapsed = time.monotonic() - start
+    finally:
+        agent.stop()
+    out, err = capsys.readouterr()
+    assert NOTICE in err and f"127.0.0.1:{port}" in err
+    assert err.count(NOTICE) == 1, "the notice is printed once per call, not per attempt"
+    if how == "call":
+        assert "hello from the late agent" in out
+    else:
+        assert submitted < 15, f"submit took {submitted:.1f} s"
+    assert elapsed < 60, f"{how} took {elapsed:.1f} s"
+
+
+@pytest.mark.slow
+def test_no_agent_at_all_fails_after_bounded_retries(capsys):
+    port = free_port()                   # nothing listens there
+
+    @remote_tpu.run(accelerator=ACCELERATOR, hosts=f"127.0.0.1:{port}", token=new_token())
+    def f():
+        return 1
+
+    start = time.monotonic()
+    with pytest.raises(remote_tpu.AgentUnavailableError) as info:
+        f()
+    elapsed = time.monotonic() - start
+    assert f"no remote_tpu agent answered at 127.0.0.1:{port} (UNAVAILABLE" in str(info.value)
+    # 15 s of retries from the first attempt; the last wait is at most 2 s.
+    assert 14 <= elapsed <= 25, f"gave up after {elapsed:.1f} s"
+    assert capsys.readouterr().err.count(NOTICE) == 1
+
+
+def test_a_refusal_is_not_retried(capsys):
+    agents = Agents(1)
+    try:
+        @remote_tpu.run(accelerator=ACCELERATOR, hosts=agents.addresses[0],
+                        token=new_token())                     # not the agent's token
+        def f():
+            return 1
+
+        for attempt in (f, f.submit):
+            start = time.monotonic()
+            with pytest.raises(remote_tpu.AuthenticationError):
+                attempt()
+            assert time.monotonic() - start < 5
+    finally:
+        agents.stop()
+    assert NOTICE not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_run_is_not_retried_once_an_event_arrived(monkeypatch, capsys):
+    agents = Agents(1)
+    stdout = _WatchedStdout("in the job")
+    monkeypatch.setattr(sys, "stdout", stdout)
+    try:
+        @remote_tpu.run(accelerator=ACCELERATOR, hosts=agents.addresses[0],
+                        token=agents.token)
+        def waits():
+            print("in the job", flush=True)
+            time.sleep(120)
+
+        errors: list[BaseException] = []
+
+        def attached() -> None:
+            try:
+                waits()
+            except BaseException as exc:      # handed to the test thread
+                errors.append(exc)
+
+        t = threading.Thread(target=attached)
+        t.start()
+        assert stdout.seen.wait(60), "the job's output never arrived"
+        workers = psutil.Process(agents.procs[0].pid).children(recursive=True)
+        killed = time.monotonic()
+        agents.procs[0].kill()           # the connection drops after an event arrived
+        t.join(30)
+        assert not t.is_alive()
+        assert time.monotonic() - killed < 5, "the call was retried after an event"
+        assert isinstance(errors[0], remote_tpu.AgentUnavailableError), errors
+        assert workers and wait_until(lambda: not any(map(_alive, workers)), timeout=10), \
+            "a worker outlived its agent"
+    finally:
+        agents.stop()
+    assert NOTICE not in capsys.readouterr().err
+
+
+GiB = 1 << 30
+
+
+def test_upload_deadline_grows_with_the_payload():
+    assert upload_deadline(0) == 600
+    assert upload_deadline(1 << 20) < 602        # small payloads: the fixed 600 s
+    assert upload_deadline(GiB) > upload_deadline(GiB // 2) > upload_deadline(0)
+    # the advertised limit (16 GiB) fits at 1 MB/s, not only at 28 MB/s
+    assert upload_deadline(16 * GiB) >= 16 * GiB / 1_000_000
+    assert 16 * GiB / upload_deadline(16 * GiB) <= 1_000_000
