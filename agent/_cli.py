@@ -24,7 +24,9 @@ from remote_tpu._options import DEFAULT_AGENT_PORT, normalize_address
 from remote_tpu._version import __version__
 
 from ._discovery import discover
+from ._hostlog import DEFAULT_MAX_LOG_BYTES
 from ._server import AgentConfig, create_server
+from ._store import DEFAULT_MAX_STORE_BYTES
 from ._tpu import DEFAULT_DEVICES, DEFAULT_LOCKFILE
 
 log = logging.getLogger("remote_tpu_agent")
@@ -38,7 +40,7 @@ def _serve_parser() -> argparse.ArgumentParser:
                     "`remote-tpu-agent token init` creates the slice token.")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; any other address needs "
-                        "TLS and a token, or --insecure)")
+                        "TLS, or --insecure)")
     p.add_argument("--port", type=int, default=DEFAULT_AGENT_PORT,
                    help=f"port to listen on; 0 picks a free one (default {DEFAULT_AGENT_PORT})")
     p.add_argument("--advertise-address", default="",
@@ -60,6 +62,17 @@ def _serve_parser() -> argparse.ArgumentParser:
                         "$XDG_STATE_HOME/remote_tpu/agent-PORT, ~/.local/state/... )")
     p.add_argument("--keep-jobs", type=int, default=100,
                    help="finished jobs kept with their logs and results (default 100)")
+    p.add_argument("--max-log-bytes", type=_size_arg, default=DEFAULT_MAX_LOG_BYTES,
+                   help="output kept per host and job; beyond it the first and the last half "
+                        "are kept and readers are told how much was cut (default 1G; "
+                        "suffixes K, M, G)")
+    p.add_argument("--max-store-bytes", type=_size_arg, default=DEFAULT_MAX_STORE_BYTES,
+                   help="files of finished jobs kept in all; the oldest go first (default "
+                        "32G; suffixes K, M, G)")
+    p.add_argument("--max-streams", type=int, default=128,
+                   help="long-lived calls served at once (attached runs, log followers, "
+                        "uploads); more are refused with a clear error while Health, Status "
+                        "and Cancel keep their own threads (default 128)")
     p.add_argument("--peer-timeout", type=float, default=10.0,
                    help="seconds of silence after which a peer counts as unreachable and "
                         "its job fails (default 10)")
@@ -74,8 +87,10 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--mtls", action="store_true",
                    help="demand a client certificate signed by --tls-ca (mutual TLS)")
     p.add_argument("--insecure", action="store_true",
-                   help="allow a non-loopback address without TLS or token, and no token "
-                        "at all: anyone who reaches the port can run code as this user")
+                   help="allow a non-loopback --host without TLS: the token is still "
+                        "required on every call, but it, the code and the results travel in "
+                        "clear, for anyone who can watch the network to read. Only on a "
+                        "private network you trust")
     p.add_argument("--pass-env", default="",
                    help="comma-separated names of this agent's environment variables that "
                         "user functions may see (beyond PATH, HOME, locale, TPU/JAX/XLA ...)")
@@ -96,6 +111,20 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     p.add_argument("--version", action="version", version=f"remote-tpu-agent {__version__}")
     return p
+
+
+def _size_arg(text: str) -> int:
+    """"1G", "512M", "64K" or a number of bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        number = int(value[:-1]) * units[value[-1]] if value[-1:] in units else int(value)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: use bytes or a number "
+                                         "with K, M, G or T (e.g. 512M)") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return number
 
 
 def _token_main(argv: list[str]) -> int:
@@ -185,7 +214,9 @@ def _install_service_main(argv: list[str]) -> int:
     return 0
 
 
-def _resolve_token(args: argparse.Namespace) -> str | None:
+def _resolve_token(args: argparse.Namespace) -> str:
+    """The slice token every call must carry (there is no agent without one):
+    --token-file, $REMOTE_TPU_TOKEN, or the default file, created if missing."""
     if args.token_file:
         return read_token_file(args.token_file)
     if os.environ.get(TOKEN_ENV):
@@ -193,8 +224,6 @@ def _resolve_token(args: argparse.Namespace) -> str | None:
     path = default_token_file()
     if os.path.exists(path):
         return read_token_file(path)
-    if args.insecure:
-        return None
     write_token_file(path, new_token())
     log.warning("no slice token was configured: created %s (mode 0600); clients on this "
                 "machine use it as is, others need a copy", path)
@@ -209,7 +238,7 @@ def _default_state_dir(port: int) -> str:
     return os.path.join(base, "remote_tpu", f"agent-{port}")
 
 
-def _check_exposure(args: argparse.Namespace, token: str | None) -> str:
+def _check_exposure(args: argparse.Namespace) -> str:
     """Why this configuration must not start, or ""."""
     if bool(args.tls_cert) != bool(args.tls_key):
         return "--tls-cert and --tls-key go together"
@@ -219,11 +248,12 @@ def _check_exposure(args: argparse.Namespace, token: str | None) -> str:
         path = getattr(args, flag)
         if path and not os.path.isfile(path):
             return f"--{flag.replace('_', '-')} {path}: no such file"
-    if not is_loopback(args.host) and not args.insecure and not (args.tls_cert and token):
-        return (f"refusing to listen on {args.host} without TLS and a token: anyone who "
-                "reaches this port could run code as this user. Give --tls-cert/--tls-key "
-                "(and a token), listen on 127.0.0.1 behind an SSH tunnel, or pass --insecure "
-                "on a network you trust completely.")
+    if not is_loopback(args.host) and not args.insecure and not args.tls_cert:
+        return (f"refusing to listen on {args.host} without TLS: the slice token, the code "
+                "and the results would cross the network in clear, and whoever reads the "
+                "token can run code as this user. Give --tls-cert/--tls-key, listen on "
+                "127.0.0.1 behind an SSH tunnel, or pass --insecure on a private network you "
+                "trust (the token stays required).")
     return ""
 
 
@@ -239,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.captureWarnings(True)    # e.g. a peer reached without TLS: a log line, once
     if args.simulate_devices < 0:
         parser.error("--simulate-devices must be >= 0")
     peers = tuple(normalize_address(p) for p in args.peers.split(",") if p.strip())
@@ -251,19 +282,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_slice:
         print(json.dumps(found.describe(), indent=2))
         return 0
+    problem = _check_exposure(args)
+    if problem:
+        print(f"remote-tpu-agent: {problem}", file=sys.stderr)
+        return 2
     try:
         token = _resolve_token(args)
     except ConfigurationError as exc:
         print(f"remote-tpu-agent: {exc}", file=sys.stderr)
         return 2
-    problem = _check_exposure(args, token)
-    if problem:
-        print(f"remote-tpu-agent: {problem}", file=sys.stderr)
-        return 2
-    if args.insecure:
-        log.warning("*** INSECURE: %s%s. Anyone who can reach %s:%d can run code as this "
-                    "user. ***", "no token" if token is None else "token set",
-                    "" if args.tls_cert else ", no TLS", args.host, args.port)
+    if args.insecure and not args.tls_cert and not is_loopback(args.host):
+        log.warning("*** INSECURE: no TLS on %s:%d. The token is required on every call, "
+                    "but it, the code and the results travel in clear: anyone who can watch "
+                    "this network can read them, and with the token run code as this "
+                    "user. ***", args.host, args.port)
     config = AgentConfig(
         host=args.host, port=args.port, advertise=args.advertise_address, slice=found,
         simulate_devices=args.simulate_devices, token=token,
@@ -273,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         tpu_devices=tuple(d.strip() for d in args.tpu_devices.split(",") if d.strip()),
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, mtls=args.mtls,
         pass_env=frozenset(n.strip() for n in args.pass_env.split(",") if n.strip()),
-        max_payload_bytes=args.max_payload_bytes)
+        max_payload_bytes=args.max_payload_bytes, max_streams=args.max_streams,
+        max_log_bytes=args.max_log_bytes, max_store_bytes=args.max_store_bytes)
     try:
         server, port, service = create_server(config)
     except (OSError, RuntimeError) as exc:
@@ -298,10 +331,10 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=watch_stdin, daemon=True).start()
     print(f"{READY_PREFIX}{args.host}:{port}", flush=True)
     log.info("remote-tpu-agent %s listening on %s:%d (worker %d of %d from %s, advertise %s, "
-             "%s, %s)", __version__, args.host, port, found.worker_id,
+             "%s, token required)", __version__, args.host, port, found.worker_id,
              max(1, len(found.peers)), found.source, service.address,
              "TLS" + (" + client certificates" if args.mtls else "") if args.tls_cert
-             else "no TLS", "token required" if token else "NO TOKEN")
+             else "no TLS")
     while not signalled and not stop.wait(0.2):
         pass
     log.info("shutting down")

@@ -24,8 +24,9 @@ from remote_tpu._transport import Credentials
 
 from . import _worker
 from ._peers import RemoteHost
-from ._runner import WorkerRun, processes_per_host
+from ._runner import WorkerRun
 from ._tpu import TpuBusy, TpuGuard
+from ._worker_env import processes_per_host
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,6 @@ class GatewayJob:
                 peer_spec.role = pb.ROLE_PEER
                 peer_spec.process_id = i * per_host + k
                 peer_spec.coordinator_address = self.coordinator
-                del peer_spec.hosts[:]
                 self.remotes.append(RemoteHost(
                     host=peer_spec.process_id, address=address, spec=peer_spec,
                     payload_path=payload_path, emit=self.events.put,

@@ -18,16 +18,20 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from remote_tpu._limits import CHUNK_SIZE, STACKS_CHARS, cut_text
 from remote_tpu._proto import remote_tpu_pb2 as pb
 
 from . import _worker
 from ._output import NoiseFilter, Tail
+from ._pipe import Pump
 from ._process import signal_name, stop_group
 
 log = logging.getLogger(__name__)
 
 Emit = Callable[[pb.Event], None]
-_OUTPUT_EOF_WAIT = 1.0   # a user's background child may hold the pipes open
+# Once the worker's process group is gone its pipes end at once, unless a
+# process that left the group (setsid) holds them.
+_ESCAPED_HOLDER_WAIT = 5.0
 
 
 class WorkerRun:
@@ -44,7 +48,8 @@ class WorkerRun:
         self._tail = Tail()
         self._lock = threading.Lock()
         self._cancelled = False
-        self._outputs_closed: list[threading.Event] = []
+        self._pumps: list[Pump] = []
+        self._stacks_ready = threading.Event()   # the worker can dump its stacks
         self._status_thread: threading.Thread | None = None
         self.proc: subprocess.Popen | None = None
         self._control_w: int | None = None
@@ -57,6 +62,8 @@ class WorkerRun:
     def start(self) -> None:
         control_r, self._control_w = os.pipe()
         self._status_r, status_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
         env = dict(self._env)
         env[_worker.ENV_CONTROL_FD] = str(control_r)
         env[_worker.ENV_STATUS_FD] = str(status_w)
@@ -64,20 +71,22 @@ class WorkerRun:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "remote_tpu_agent._worker"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
                 pass_fds=(control_r, status_w), start_new_session=True, env=env,
             )
+        except BaseException:
+            for fd in (out_r, err_r, self._status_r):
+                os.close(fd)
+            raise
         finally:
-            os.close(control_r)
-            os.close(status_w)
+            for fd in (control_r, status_w, out_w, err_w):
+                os.close(fd)
         self.report.state = pb.HOST_STATE_RUNNING
         self._emit(pb.Event(host=self.host, started=pb.Started(pid=self.proc.pid)))
-        for stream, pipe in ((pb.OUTPUT_STREAM_STDOUT, self.proc.stdout),
-                             (pb.OUTPUT_STREAM_STDERR, self.proc.stderr)):
-            closed = threading.Event()
-            self._outputs_closed.append(closed)
-            threading.Thread(target=self._pump_output, args=(stream, pipe, closed),
-                             daemon=True, name=f"worker{self.host}-out").start()
+        for stream, fd in ((pb.OUTPUT_STREAM_STDOUT, out_r), (pb.OUTPUT_STREAM_STDERR, err_r)):
+            pump = Pump(fd, self._output_sink(stream), name=f"worker{self.host}-out")
+            self._pumps.append(pump)
+            pump.start()
         self._status_thread = threading.Thread(target=self._read_status, daemon=True,
                                                name=f"worker{self.host}-status")
         self._status_thread.start()
@@ -97,6 +106,10 @@ class WorkerRun:
         """Every thread's Python stack in the worker, as it is now."""
         if self.proc is None or self.proc.poll() is not None:
             return "(the worker is not running)"
+        if not self._stacks_ready.is_set():
+            # Before the worker has set up its handler, the signal would kill it.
+            return ("(the worker is still starting: it can report its stacks once Python "
+                    "is up, in a moment)")
         path = os.path.join(self.job_dir, _worker.STACKS_FILE)
         before = os.path.getsize(path) if os.path.exists(path) else 0
         try:
@@ -114,7 +127,9 @@ class WorkerRun:
         with open(path, errors="replace") as f:
             f.seek(before)
             text = f.read()
-        return text or "(no answer: the worker did not dump its stacks in time)"
+        if not text:
+            return "(no answer: the worker did not dump its stacks in time)"
+        return cut_text(text, STACKS_CHARS, f"every dump is kept in {path} on this host")
 
     def cancel(self) -> None:
         """Stop the worker's whole process group (SIGTERM, then SIGKILL)."""
@@ -136,32 +151,46 @@ class WorkerRun:
 
     # ------------------------------------------------------------ threads
 
-    def _pump_output(self, stream: int, pipe, closed: threading.Event) -> None:
+    def _output_sink(self, stream: int):
+        """What one output pipe's bytes go through: the tail, the noise filter,
+        then the job's events (flushed when the pipe ends)."""
         noise = NoiseFilter()
-        fd = pipe.fileno()
-        try:
-            while True:
-                data = os.read(fd, 65536)
-                if not data:
-                    break
-                self._tail.feed(data)
-                shown = noise.feed(data)
-                # Once we stop a host, what it prints while dying (JAX's
-                # "SIGTERM caught", say) is our doing: kept in the tail only.
-                if shown and self._forward_output and not self._cancelled:
-                    self._emit(pb.Event(host=self.host,
-                                        output=pb.Output(stream=stream, data=shown)))
-            rest = noise.flush()
-            if rest and self._forward_output and not self._cancelled:
-                self._emit(pb.Event(host=self.host, output=pb.Output(stream=stream, data=rest)))
-        finally:
-            pipe.close()
-            closed.set()
 
-    def _wait_outputs(self) -> None:
-        deadline = time.monotonic() + _OUTPUT_EOF_WAIT
-        for closed in self._outputs_closed:
-            closed.wait(max(0.0, deadline - time.monotonic()))
+        def deliver(data: bytes) -> None:
+            if data:
+                self._tail.feed(data)
+                self._emit_output(stream, noise.feed(data))
+            else:
+                self._emit_output(stream, noise.flush())
+        return deliver
+
+    def _emit_output(self, stream: int, shown: bytes) -> None:
+        # Once we stop a host, what it prints while dying (JAX's "SIGTERM
+        # caught", say) is our doing: kept in the tail only.
+        if not shown or not self._forward_output or self._cancelled:
+            return
+        for start in range(0, len(shown), CHUNK_SIZE):
+            self._emit(pb.Event(host=self.host, output=pb.Output(
+                stream=stream, data=shown[start:start + CHUNK_SIZE])))
+
+    def _drain_outputs(self) -> None:
+        """Everything the worker wrote so far has been delivered."""
+        for pump in self._pumps:
+            pump.drain()
+
+    def _await_eof(self) -> None:
+        """After the process group is gone, its pipes end; a process that left
+        the group (setsid) may still hold them: stop reading after a while, and say so."""
+        deadline = time.monotonic() + _ESCAPED_HOLDER_WAIT
+        for pump in self._pumps:
+            if not pump.eof.wait(max(0.0, deadline - time.monotonic())):
+                pump.stop()
+                self._emit(pb.Event(host=self.host, output=pb.Output(
+                    stream=pb.OUTPUT_STREAM_STDERR,
+                    data=b"\n[remote_tpu: a process that left the worker's process group "
+                         b"still holds its output open; nothing it writes from here on is "
+                         b"collected]\n")))
+                return
 
     def _read_status(self) -> None:
         try:
@@ -172,8 +201,10 @@ class WorkerRun:
                     continue
                 if not data:
                     return
-                if data == _worker.STATUS_DONE:
-                    self._wait_outputs()
+                if data == _worker.STATUS_READY:
+                    self._stacks_ready.set()
+                elif data == _worker.STATUS_DONE:
+                    self._drain_outputs()
                     self._on_done()
         finally:
             os.close(self._status_r)
@@ -213,7 +244,7 @@ class WorkerRun:
         seen_at = time.time()
         # Whatever the worker left in its process group goes with it.
         stop_group(self.proc, grace=0)
-        self._wait_outputs()
+        self._await_eof()
         if self._status_thread is not None:
             self._status_thread.join(timeout=2)
         with self._lock:
@@ -236,88 +267,3 @@ class WorkerRun:
             report.CopyFrom(r)
         self._emit(pb.Event(host=self.host, exited=report))
         self.finished.set()
-
-
-# What of the agent's own environment a worker sees: what a Python program needs
-# to run, and what configures the accelerator stack. Nothing else (the agent's
-# token least of all) unless the agent is started with --pass-env NAME.
-_PASSED_NAMES = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
-    "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
-})
-_PASSED_PREFIXES = ("LC_", "TPU_", "JAX_", "XLA_", "LIBTPU_", "CLOUD_TPU_", "TF_CPP_",
-                    "OPENBLAS_", "OMP_", "MKL_")
-
-
-def passed_environment(base: Mapping[str, str], extra: frozenset[str] = frozenset()
-                       ) -> dict[str, str]:
-    return {k: v for k, v in base.items()
-            if (k in _PASSED_NAMES or k.startswith(_PASSED_PREFIXES) or k in extra)
-            and not k.startswith("REMOTE_TPU_")}
-
-
-def processes_per_host(spec: pb.JobSpec) -> int:
-    return max(1, spec.processes_per_host)
-
-
-def num_processes(spec: pb.JobSpec) -> int:
-    return spec.num_hosts * processes_per_host(spec)
-
-
-# The chips of one TPU host as a 2D grid (4 chips: 2x2; 8 chips: 2x4).
-_HOST_GRID = {1: (1, 1), 2: (1, 2), 4: (2, 2), 8: (2, 4)}
-TPU_PROCESS_BASE_PORT = 8476
-
-
-def tpu_process_env(chips_per_host: int, n: int, k: int) -> dict[str, str]:
-    """The variables JAX documents for running ``n`` processes on one TPU host
-    (this is process ``k``): each sees its own chips and its siblings' ports."""
-    gx, gy = _HOST_GRID.get(chips_per_host, (1, chips_per_host))
-    per = chips_per_host // n
-    cx = 1 if per < gx or per == 1 else gx
-    cy = per // cx
-    return {
-        "TPU_VISIBLE_CHIPS": ",".join(str(c) for c in range(k * per, (k + 1) * per)),
-        "TPU_CHIPS_PER_PROCESS_BOUNDS": f"{cx},{cy},1",
-        "TPU_PROCESS_BOUNDS": f"{gx // cx},{gy // cy},1",
-        "TPU_PROCESS_ADDRESSES": ",".join(f"localhost:{TPU_PROCESS_BASE_PORT + j}"
-                                          for j in range(n)),
-        "TPU_PROCESS_PORT": str(TPU_PROCESS_BASE_PORT + k),
-        "CLOUD_TPU_TASK_ID": str(k),
-    }
-
-
-def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
-               coordinator: str, simulate_devices: int) -> dict[str, str]:
-    """The environment of one worker: the agent's (as passed_environment has
-    filtered it), the user's ``env=``, and JAX's."""
-    n = processes_per_host(spec)
-    env = dict(base)
-    env.update(spec.env)
-    env.update({
-        "JAX_COORDINATOR_ADDRESS": coordinator,
-        "JAX_NUM_PROCESSES": str(num_processes(spec)),
-        "JAX_PROCESS_ID": str(process_id),
-        "REMOTE_TPU_JOB_ID": spec.job_id,
-        "REMOTE_TPU_HOST_INDEX": str(process_id // n),
-        "REMOTE_TPU_PROCESS_INDEX": str(process_id),
-        "REMOTE_TPU_NUM_HOSTS": str(spec.num_hosts),
-        "REMOTE_TPU_ACCELERATOR": spec.accelerator,
-        "PYTHONUNBUFFERED": "1",     # prints reach the caller as they happen
-        _worker.ENV_PAYLOAD_SHA256: spec.payload_sha256.hex(),
-    })
-    timeouts = spec.jax_timeouts
-    if timeouts.initialization_seconds:
-        env[_worker.ENV_INIT_TIMEOUT] = str(timeouts.initialization_seconds)
-    if timeouts.heartbeat_seconds:
-        env[_worker.ENV_HEARTBEAT_TIMEOUT] = str(timeouts.heartbeat_seconds)
-    if timeouts.shutdown_seconds:
-        env[_worker.ENV_SHUTDOWN_TIMEOUT] = str(timeouts.shutdown_seconds)
-    if simulate_devices:
-        env["JAX_PLATFORMS"] = "cpu"
-        env[_worker.ENV_SIMULATE_DEVICES] = str(max(1, simulate_devices // n))
-    elif n > 1:
-        from remote_tpu._topology import Topology
-        chips = Topology.parse(spec.accelerator).chips_per_host
-        env.update(tpu_process_env(chips, n, process_id % n))
-    return env

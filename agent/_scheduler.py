@@ -17,6 +17,8 @@ from remote_tpu._proto import remote_tpu_pb2 as pb
 
 from . import _worker
 from ._gateway import GatewayJob
+from ._hostlog import StoreFull
+from ._reports import bound_end
 from ._store import PHASE_OF_END, JobRecord
 
 log = logging.getLogger(__name__)
@@ -128,8 +130,17 @@ class Scheduler:
         log.info("job %s: running on %d host(s)", record.job_id, job.n)
         for event in job.run():
             if event.HasField("output"):
-                record.append_output(event.host, event.output.stream, event.output.data)
+                try:
+                    record.append_output(event.host, event.output.stream, event.output.data)
+                except StoreFull as exc:
+                    log.error("job %s: %s", record.job_id, exc.strerror)
+                    job.cancel(exc.strerror, pb.JOB_STATE_FAILED)
             elif event.HasField("end"):
-                end = event.end
+                end = bound_end(event.end, record.job_id)
+                dropped = record.dropped_output()
+                if dropped:
+                    end.detail = (f"{end.detail}; " if end.detail else "") + (
+                        f"{dropped:,} bytes of output could not be stored: "
+                        f"{record.store.full_message()}")
                 record.set_phase(PHASE_OF_END[end.state], end.detail, end)
                 log.info("job %s: %s", record.job_id, pb.JobState.Name(end.state))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import errno
 import hashlib
 import logging
 import os
@@ -18,7 +19,8 @@ import grpc
 from remote_tpu._options import join_host_port
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._serialization import CHUNK_SIZE, check_compatible
+from remote_tpu._limits import CHUNK_SIZE, LIST_REPLY_BYTES
+from remote_tpu._serialization import check_compatible
 from remote_tpu._topology import Topology
 from remote_tpu._auth import TLS
 from remote_tpu._transport import (ERROR_KIND_KEY, Credentials, channel_options, health,
@@ -29,14 +31,20 @@ from . import _worker
 from ._discovery import MetadataServer, Slice, advertise_address
 from ._gateway import GatewayJob
 from ._guard import TokenInterceptor
-from ._runner import WorkerRun, num_processes, passed_environment, worker_env
+from ._runner import WorkerRun
+from ._hostlog import DEFAULT_MAX_LOG_BYTES, StoreFull
+from ._reports import bound_stacks
 from ._scheduler import Scheduler
-from ._store import JobRecord, JobStore
+from ._slots import RESERVE_THREADS, Slots
+from ._store import DEFAULT_MAX_STORE_BYTES, JobRecord, JobStore
 from ._tpu import DEFAULT_DEVICES, DEFAULT_LOCKFILE, TpuBusy, TpuGuard
+from ._worker_env import num_processes, passed_environment, worker_env
 
 log = logging.getLogger(__name__)
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+PEER_STREAMS = 64          # one per process of this host in the jobs of its gateway
+
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")     # fullmatch only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +67,9 @@ class AgentConfig:
     tpu_devices: tuple[str, ...] = DEFAULT_DEVICES
     kill_tpu_holders: bool = False
     peer_timeout: float = 10.0          # a silent peer is lost after this many seconds
+    max_streams: int = 128              # long-lived calls served at once
+    max_log_bytes: int = DEFAULT_MAX_LOG_BYTES       # per host and job: head and tail kept
+    max_store_bytes: int = DEFAULT_MAX_STORE_BYTES   # every finished job's files together
 
     @property
     def peer_credentials(self) -> Credentials:
@@ -67,6 +78,10 @@ class AgentConfig:
         if self.tls_ca:
             tls = TLS(ca=self.tls_ca, cert=self.tls_cert or None, key=self.tls_key or None)
         return Credentials(token=self.token, tls=tls, keepalive=self.peer_timeout)
+
+
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
 
 
 class _Refused(Exception):
@@ -81,9 +96,18 @@ class AgentService(pb_grpc.AgentServicer):
         self.address = advertise_address(config.host, config.advertise)   # host only
         self.port = config.port          # the bound port, once create_server has bound it
         self.state_dir = config.state_dir or tempfile.mkdtemp(prefix="remote-tpu-agent-")
-        self.store = JobStore(self.state_dir, keep=config.keep_jobs)
-        self.tpu = TpuGuard(config.tpu_lockfile, config.tpu_devices, config.kill_tpu_holders)
+        self.store = JobStore(self.state_dir, keep=config.keep_jobs,
+                              max_log_bytes=config.max_log_bytes,
+                              max_store_bytes=config.max_store_bytes)
+        self.tpu = TpuGuard.for_agent(config.simulate_devices, config.tpu_lockfile,
+                                      config.tpu_devices, config.kill_tpu_holders)
         self.scheduler = Scheduler(self._make_job)
+        self.streams = Slots(config.max_streams, "long-lived calls (attached runs, log "
+                             "followers, uploads, results)",
+                             "close some followers (logs(follow=True), `jobs logs -f`) or "
+                             "start the agent with a larger --max-streams")
+        self.peer_streams = Slots(PEER_STREAMS, "calls from gateways",
+                                  "a gateway is sending more processes than one host runs")
         # A host runs one job's workers at a time (several when processes_per_host > 1).
         self._peer_slot = threading.Condition()
         self._peer_job = ""
@@ -107,8 +131,12 @@ class AgentService(pb_grpc.AgentServicer):
 
     def Submit(self, request_iterator: Iterator[pb.RunRequest],
                context: grpc.ServicerContext) -> pb.JobStatus:
-        spec = self._checked_spec(request_iterator, context, pb.ROLE_GATEWAY)
-        record, created = self._accept(spec, request_iterator, context)
+        release = self.streams.take(context, self.endpoint)
+        try:
+            spec = self._checked_spec(request_iterator, context, pb.ROLE_GATEWAY)
+            record, created = self._accept(spec, request_iterator, context)
+        finally:
+            release()
         status = self._status(record)
         status.existed = not created
         return status
@@ -117,8 +145,20 @@ class AgentService(pb_grpc.AgentServicer):
             context: grpc.ServicerContext) -> Iterator[pb.Event]:
         spec = self._checked_spec(request_iterator, context, None)
         if spec.role == pb.ROLE_PEER:
-            yield from self._run_peer(spec, request_iterator, context)
+            release = self.peer_streams.take(context, self.endpoint)
+            try:
+                yield from self._run_peer(spec, request_iterator, context)
+            finally:
+                release()
             return
+        release = self.streams.take(context, self.endpoint)
+        try:
+            yield from self._run_attached(spec, request_iterator, context)
+        finally:
+            release()
+
+    def _run_attached(self, spec: pb.JobSpec, request_iterator: Iterator[pb.RunRequest],
+                      context: grpc.ServicerContext) -> Iterator[pb.Event]:
         record, _ = self._accept(spec, request_iterator, context)
 
         def on_done() -> None:        # an attached job does not outlive its caller
@@ -142,15 +182,23 @@ class AgentService(pb_grpc.AgentServicer):
         if bad:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"job {record.job_id} has processes 0-{count - 1}, not {bad[0]}")
-        yield from self._watch(record, hosts, list(request.offsets), request.follow, context,
-                               with_end=True)
+        release = self.streams.take(context, self.endpoint)
+        try:
+            yield from self._watch(record, hosts, list(request.offsets), request.follow,
+                                   context, with_end=True)
+        finally:
+            release()
 
     def Result(self, request: pb.JobRef, context: grpc.ServicerContext) -> Iterator[pb.Event]:
         record = self._known(request.job_id, context)
         if not record.finished:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"job {record.job_id} has not finished yet")
-        yield from self._result(record)
+        release = self.streams.take(context, self.endpoint)
+        try:
+            yield from self._result(record)
+        finally:
+            release()
 
     def Status(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.JobStatus:
         return self._status(self._known(request.job_id, context))
@@ -164,12 +212,12 @@ class AgentService(pb_grpc.AgentServicer):
     def Stacks(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.StacksReply:
         stacks = self.scheduler.stacks(request.job_id)
         if stacks is not None:
-            return pb.StacksReply(hosts=stacks)
+            return pb.StacksReply(hosts=bound_stacks(stacks))
         runs = [run for (job, _), run in list(self._peer_runs.items())
                 if job == request.job_id]
         if runs:
-            return pb.StacksReply(hosts=[pb.HostStacks(host=run.host, text=run.stacks())
-                                         for run in runs])
+            return pb.StacksReply(hosts=bound_stacks(
+                [pb.HostStacks(host=run.host, text=run.stacks()) for run in runs]))
         record = self._known(request.job_id, context)
         context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                       f"job {record.job_id} is not running "
@@ -177,7 +225,20 @@ class AgentService(pb_grpc.AgentServicer):
 
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext
                  ) -> pb.ListJobsReply:
-        return pb.ListJobsReply(jobs=self.store.list(limit=request.limit))
+        """Summaries (no final reports), newest first, as many as fit one reply."""
+        reply = pb.ListJobsReply()
+        statuses = self.store.list(limit=request.limit)
+        size = 0
+        for i, status in enumerate(statuses):
+            summary = pb.JobStatus()
+            summary.CopyFrom(status)
+            summary.ClearField("end")
+            size += summary.ByteSize() + 8
+            if size > LIST_REPLY_BYTES:
+                reply.omitted = len(statuses) - i
+                break
+            reply.jobs.append(summary)
+        return reply
 
     def Doctor(self, request: pb.DoctorRequest, context: grpc.ServicerContext
                ) -> pb.DoctorReply:
@@ -205,7 +266,7 @@ class AgentService(pb_grpc.AgentServicer):
     # ------------------------------------------------------------ jobs
 
     def _known(self, job_id: str, context: grpc.ServicerContext) -> JobRecord:
-        record = self.store.get(job_id) if _JOB_ID.match(job_id) else None
+        record = self.store.get(job_id) if _JOB_ID.fullmatch(job_id) else None
         if record is None:
             context.abort(grpc.StatusCode.NOT_FOUND,
                           f"the agent at {self.endpoint} has no job {job_id!r} (finished "
@@ -257,21 +318,28 @@ class AgentService(pb_grpc.AgentServicer):
 
     def _watch(self, record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
                context: grpc.ServicerContext, with_end: bool) -> Iterator[pb.Event]:
+        """Every host's output from its offset to the end of its log: without
+        ``follow`` the end as it is now, with it the job's end (every byte
+        written before the job finished is sent before the end)."""
         position = {h: (offsets[i] if i < len(offsets) else 0) for i, h in enumerate(hosts)}
-        while True:
+        while context.is_active():
             with record.changed:
                 finished = record.finished
                 version = record.version
+            sent = False
             for h in hosts:
                 for stream, data, offset in record.log(h).read(position[h]):
                     position[h] = offset
+                    sent = True
                     yield pb.Event(host=h, output=pb.Output(stream=stream, data=data,
                                                             offset=offset))
+            if sent:
+                continue              # read on until a pass finds nothing new
             if finished:
                 if with_end:
-                    yield pb.Event(host=0, end=record.status.end)
+                    yield pb.Event(host=0, end=self._status(record).end)
                 return
-            if not follow or not context.is_active():
+            if not follow:
                 return
             with record.changed:
                 record.changed.wait_for(lambda: record.version != version, timeout=1.0)
@@ -322,7 +390,7 @@ class AgentService(pb_grpc.AgentServicer):
                              sender=f"the client of the agent at {self.endpoint}")
         except Exception as exc:  # noqa: BLE001
             raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, "version", str(exc)) from None
-        if not _JOB_ID.match(spec.job_id):
+        if not _JOB_ID.fullmatch(spec.job_id):
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "config",
                            f"job id {spec.job_id!r} is not valid: use 1-64 letters, digits, "
                            "'.', '_' or '-', starting with a letter or digit")
@@ -379,9 +447,21 @@ class AgentService(pb_grpc.AgentServicer):
 
     def _receive_payload(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
                          path: str, context: grpc.ServicerContext) -> None:
+        try:
+            self._store_payload(spec, requests, path, context)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self._abort(context, _Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, "full",
+                f"the agent at {self.endpoint} cannot store job {spec.job_id}'s payload "
+                f"({spec.payload_size:,} bytes): {self.store.full_message()}. Nothing was run."))
+
+    def _store_payload(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
+                       path: str, context: grpc.ServicerContext) -> None:
         received = 0
         digest = hashlib.sha256()
-        with open(path, "wb") as f:
+        with open(path, "wb", opener=_private) as f:
             while received < spec.payload_size:
                 req = next(requests, None)
                 if req is None or not req.HasField("payload_chunk"):
@@ -487,7 +567,11 @@ class AgentService(pb_grpc.AgentServicer):
                 if event is None:
                     return
                 if event.HasField("output"):
-                    record.append_output(event.host, event.output.stream, event.output.data)
+                    try:     # this host's own copy; the gateway keeps the job's
+                        record.append_output(event.host, event.output.stream,
+                                             event.output.data)
+                    except StoreFull as exc:
+                        log.error("job %s: %s", spec.job_id, exc.strerror)
                 if event.HasField("exited") and event.exited.state != pb.HOST_STATE_SUCCEEDED:
                     event.exited.preempted = self.preempted()
                 yield event
@@ -541,7 +625,7 @@ def _server_credentials(config: AgentConfig) -> grpc.ServerCredentials:
 def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:
     """Build (not start) the agent's server; port 0 binds an ephemeral port."""
     options = channel_options({
-        "grpc.max_concurrent_streams": 64,
+        "grpc.max_concurrent_streams": config.max_streams + PEER_STREAMS + RESERVE_THREADS,
         # Notice a vanished caller within ~2.5 s: its attached job is then cancelled.
         "grpc.keepalive_time_ms": 1000,
         "grpc.keepalive_timeout_ms": 1500,
@@ -550,10 +634,12 @@ def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:
         "grpc.http2.max_ping_strikes": 0,
     })
     interceptors = [TokenInterceptor(config.token)] if config.token else []
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=64,
+    # Every stream slot has its thread, and short calls keep a reserve of their own.
+    threads = config.max_streams + PEER_STREAMS + RESERVE_THREADS
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=threads,
                                                                thread_name_prefix="rpc"),
                          options=options, interceptors=interceptors,
-                         maximum_concurrent_rpcs=128)
+                         maximum_concurrent_rpcs=threads + 64)
     service = AgentService(config)
     pb_grpc.add_AgentServicer_to_server(service, server)
     address = join_host_port(config.host, config.port)

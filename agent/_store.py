@@ -8,15 +8,18 @@ its agent died is marked LOST on the next start, its logs kept. The newest
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
 import sqlite3
-import struct
 import threading
 import time
 
+from remote_tpu._limits import DETAIL_CHARS, cut_text
 from remote_tpu._proto import remote_tpu_pb2 as pb
+
+from ._hostlog import DEFAULT_MAX_LOG_BYTES, HostLog, StoreFull
 
 log = logging.getLogger(__name__)
 
@@ -30,52 +33,7 @@ PHASE_OF_END = {
     pb.JOB_STATE_LOST: pb.JOB_PHASE_LOST,
     pb.JOB_STATE_PREEMPTED: pb.JOB_PHASE_PREEMPTED,
 }
-_FRAME = struct.Struct("<BI")    # output stream, length
-
-
-class HostLog:
-    """One host's output of one job: an append-only file of framed records."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._file = None
-
-    def append(self, stream: int, data: bytes) -> None:
-        with self._lock:
-            if self._file is None:
-                self._file = open(self.path, "ab")
-            self._file.write(_FRAME.pack(stream, len(data)) + data)
-            self._file.flush()          # in the OS: survives the agent, not the machine
-
-    def close(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-
-    def read(self, offset: int, limit: int = 1 << 20) -> list[tuple[int, bytes, int]]:
-        """Whole records from ``offset``: (stream, data, offset after it)."""
-        out = []
-        try:
-            with open(self.path, "rb") as f:
-                if offset >= os.fstat(f.fileno()).st_size:
-                    return out
-                f.seek(offset)
-                blob = f.read(limit)
-        except FileNotFoundError:
-            return out
-        pos = 0
-        while pos + _FRAME.size <= len(blob):
-            stream, length = _FRAME.unpack_from(blob, pos)
-            end = pos + _FRAME.size + length
-            if end > len(blob):
-                if not out and length > limit:    # one record larger than a read
-                    return self.read(offset, length + _FRAME.size)
-                break
-            out.append((stream, blob[pos + _FRAME.size:end], offset + end))
-            pos = end
-        return out
+DEFAULT_MAX_STORE_BYTES = 32 << 30
 
 
 class JobRecord:
@@ -109,20 +67,38 @@ class JobRecord:
     def log(self, host: int) -> HostLog:
         with self.changed:
             if host not in self._logs:
-                self._logs[host] = HostLog(os.path.join(self.dir, f"host-{host}.log"))
+                self._logs[host] = HostLog(os.path.join(self.dir, f"host-{host}.log"),
+                                           self.store.max_log_bytes, host)
             return self._logs[host]
 
     def append_output(self, host: int, stream: int, data: bytes) -> None:
-        self.log(host).append(stream, data)
+        """Store one host's output. Raises :class:`StoreFull` the first time the
+        disk is full; from then on counts what could not be stored."""
+        host_log = self.log(host)
+        try:
+            if host_log.dropped:
+                host_log.dropped += len(data)
+                return
+            try:
+                host_log.append(stream, data)
+            except StoreFull:
+                host_log.dropped += len(data)
+                raise StoreFull(errno.ENOSPC, self.store.full_message()) from None
+        finally:
+            with self.changed:
+                self.touch()
+
+    def dropped_output(self) -> int:
+        """Bytes of output that could not be stored (the disk was full)."""
         with self.changed:
-            self.touch()
+            return sum(host_log.dropped for host_log in self._logs.values())
 
     def set_phase(self, phase: int, detail: str = "", end: pb.JobEnd | None = None) -> None:
         with self.changed:
             now = time.time()
             self.status.phase = phase
             if detail:
-                self.status.detail = detail
+                self.status.detail = cut_text(detail, DETAIL_CHARS)
             if phase == pb.JOB_PHASE_RUNNING:
                 self.status.started_at = now
                 self.status.queued_behind = ""
@@ -142,20 +118,41 @@ class JobRecord:
 
 
 class JobStore:
-    def __init__(self, state_dir: str, keep: int = 100) -> None:
+    """The records of one agent's jobs, owner-only (directories 0700, files
+    0600): they hold job specs, ``env=`` values among them."""
+
+    def __init__(self, state_dir: str, keep: int = 100,
+                 max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,
+                 max_store_bytes: int = DEFAULT_MAX_STORE_BYTES) -> None:
         self.state_dir = state_dir
         self.keep = keep
-        os.makedirs(os.path.join(state_dir, "jobs"), mode=0o700, exist_ok=True)
-        self._db = sqlite3.connect(os.path.join(state_dir, "jobs.sqlite"),
-                                   check_same_thread=False, isolation_level=None)
+        self.max_log_bytes = max_log_bytes
+        self.max_store_bytes = max_store_bytes
+        for directory in (state_dir, os.path.join(state_dir, "jobs")):
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            os.chmod(directory, 0o700)
+        db_path = os.path.join(state_dir, "jobs.sqlite")
+        # SQLite gives its -wal and -shm files the mode of the database file.
+        os.close(os.open(db_path, os.O_RDWR | os.O_CREAT, 0o600))
+        for path in (db_path, db_path + "-wal", db_path + "-shm"):
+            if os.path.exists(path):
+                os.chmod(path, 0o600)
+        self._db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS jobs (job_id TEXT, "
                          "role INTEGER, phase INTEGER, created_at REAL, spec BLOB, "
                          "status BLOB, PRIMARY KEY (job_id, role))")
         self._lock = threading.Lock()        # create() is check-then-insert
         self._db_lock = threading.Lock()     # one statement at a time on the connection
+        self._save_lock = threading.RLock()
         self._live: dict[str, JobRecord] = {}
+        self._unsaved: dict[str, JobRecord] = {}   # saves that failed (disk full)
         self._mark_lost()
+
+    def full_message(self) -> str:
+        return (f"the agent's state dir {self.state_dir} is full: free space there, or "
+                "start the agent with a smaller --keep-jobs, --max-log-bytes or "
+                "--max-store-bytes")
 
     def _sql(self, statement: str, args: tuple = ()) -> list[tuple]:
         with self._db_lock:
@@ -204,7 +201,8 @@ class JobStore:
         return f"{job_id}/{role}"
 
     def get(self, job_id: str, role: int = pb.ROLE_GATEWAY) -> JobRecord | None:
-        record = self._live.get(self._key(job_id, role))
+        key = self._key(job_id, role)
+        record = self._live.get(key) or self._unsaved.get(key)
         if record is not None:
             return record
         rows = self._sql("SELECT job_id, role, spec, status FROM jobs WHERE job_id = ? "
@@ -212,14 +210,30 @@ class JobStore:
         return self._record(*rows[0]) if rows else None
 
     def save(self, record: JobRecord) -> None:
+        """Write the record. When the disk is full it stays in memory (and is
+        answered from there) until a later save can write it."""
+        with self._save_lock:
+            for item in [*self._unsaved.values(), record]:
+                self._save_one(item)
+
+    def _save_one(self, record: JobRecord) -> None:
+        key = self._key(record.job_id, record.role)
         with record.changed:
             status = record.status.SerializeToString()
             phase = record.status.phase
-        self._sql("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
-                  (record.job_id, record.role, phase, record.status.created_at,
-                   record.spec.SerializeToString(), status))
+        try:
+            self._sql("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
+                      (record.job_id, record.role, phase, record.status.created_at,
+                       record.spec.SerializeToString(), status))
+        except (sqlite3.Error, OSError) as exc:
+            if key not in self._unsaved:
+                log.error("job %s: cannot save its record (%s); it is kept in memory until "
+                          "it can be: %s", record.job_id, exc, self.full_message())
+            self._unsaved[key] = record
+            return
+        self._unsaved.pop(key, None)
         if phase in FINISHED:
-            self._live.pop(self._key(record.job_id, record.role), None)
+            self._live.pop(key, None)
 
     def list(self, role: int = pb.ROLE_GATEWAY, limit: int = 0) -> list[pb.JobStatus]:
         rows = self._sql("SELECT job_id, role, spec, status FROM jobs WHERE role = ? "
@@ -232,14 +246,40 @@ class JobStore:
         return out
 
     def prune(self) -> None:
-        """Delete the oldest finished jobs beyond ``keep``, with their files."""
-        rows = self._sql(
-            "SELECT job_id, role FROM jobs WHERE phase NOT IN (?, ?) ORDER BY created_at DESC "
-            "LIMIT -1 OFFSET ?", (pb.JOB_PHASE_QUEUED, pb.JOB_PHASE_RUNNING, self.keep))
-        for job_id, role in rows:
+        """Delete the oldest finished jobs beyond ``keep``, and beyond
+        ``max_store_bytes`` all together (the newest finished job stays)."""
+        try:
+            rows = self._sql("SELECT job_id, role FROM jobs WHERE phase NOT IN (?, ?) "
+                             "ORDER BY created_at DESC",
+                             (pb.JOB_PHASE_QUEUED, pb.JOB_PHASE_RUNNING))
+        except sqlite3.Error as exc:
+            log.warning("cannot prune the job store: %s", exc)
+            return
+        total = 0
+        for i, (job_id, role) in enumerate(rows):
+            total += _tree_size(self._dir(job_id, role))
+            if i >= self.keep or (i > 0 and total > self.max_store_bytes):
+                self._delete(job_id, role)
+
+    def _delete(self, job_id: str, role: int) -> None:
+        try:
             self._sql("DELETE FROM jobs WHERE job_id = ? AND role = ?", (job_id, role))
-            shutil.rmtree(self._dir(job_id, role), ignore_errors=True)
+        except sqlite3.Error as exc:
+            log.warning("job %s: cannot delete its record: %s", job_id, exc)
+            return
+        shutil.rmtree(self._dir(job_id, role), ignore_errors=True)
 
     def close(self) -> None:
         with self._db_lock:
             self._db.close()
+
+
+def _tree_size(path: str) -> int:
+    total = 0
+    for directory, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(directory, name))
+            except OSError:
+                pass
+    return total

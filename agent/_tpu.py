@@ -6,6 +6,11 @@ live process holds open was left by a dead one: it is removed. A live holder
 that is not this agent's blocks the job with an error naming its pid and
 command line, or is killed when the agent runs with ``--kill-tpu-holders``.
 Paths are configurable so tests (and unusual images) can use their own.
+
+An agent whose devices are simulated (``--simulate-devices``: JAX on CPU) uses
+no TPU, so it never looks at, removes or kills anything TPU: a CPU-only local
+slice must not fail because this machine's real TPU is busy, nor delete a lock
+that a real TPU job may still need. :meth:`TpuGuard.for_agent` picks the guard.
 """
 
 from __future__ import annotations
@@ -77,6 +82,20 @@ def _holders(paths: set[str]) -> dict[int, str]:
 
 
 class TpuGuard:
+    """Clears stale TPU locks before a job and refuses (or kills) foreign holders."""
+
+    @classmethod
+    def for_agent(cls, simulate_devices: int, lockfile: str = DEFAULT_LOCKFILE,
+                  devices: tuple[str, ...] = DEFAULT_DEVICES,
+                  kill_holders: bool = False) -> TpuGuard:
+        """The guard of an agent: with simulated devices (``simulate_devices > 0``)
+        one that touches nothing (:class:`NoTpu`), else the real one."""
+        if simulate_devices > 0:
+            log.debug("simulated devices: TPU locks and devices (%s, %s) are left alone",
+                      lockfile, ", ".join(devices))
+            return NoTpu()
+        return cls(lockfile, devices, kill_holders)
+
     def __init__(self, lockfile: str = DEFAULT_LOCKFILE,
                  devices: tuple[str, ...] = DEFAULT_DEVICES,
                  kill_holders: bool = False) -> None:
@@ -143,3 +162,21 @@ class TpuGuard:
     def release(self) -> None:
         """After a job (its worker's group is gone): no lock is left behind."""
         self._remove_stale_lock(self._foreign())
+
+
+class NoTpu(TpuGuard):
+    """The guard of an agent whose devices are simulated: no TPU is used, so no
+    TPU lock or device is ever looked at, removed or killed for. It watches no
+    path at all, so even the inherited helpers find nothing to act on."""
+
+    def __init__(self) -> None:
+        super().__init__(lockfile="", devices=(), kill_holders=False)
+
+    def busy(self) -> str:
+        return ""
+
+    def prepare(self) -> None:
+        return None
+
+    def release(self) -> None:
+        return None

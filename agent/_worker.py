@@ -40,6 +40,7 @@ STACKS_FILE = "stacks.txt"      # SIGUSR1 appends every thread's Python stack he
 STACKS_SIGNAL = signal.SIGUSR1
 RESULT_FILE = "result.bin"
 OUTCOME_FILE = "outcome.json"
+STATUS_READY = b"S"             # worker -> agent: the stacks handler is in place
 STATUS_DONE = b"D"
 CONTROL_RELEASE = b"R"
 
@@ -109,11 +110,37 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+def _private(path: str, flags: int) -> int:
+    """Open for ``os.fdopen``: files of a job are its owner's only (0600)."""
+    return os.open(path, flags, 0o600)
+
+
 def _write_json_atomic(path: str, obj: dict) -> None:
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with open(tmp, "w", opener=_private) as f:
         json.dump(obj, f)
     os.replace(tmp, path)
+
+
+def _describe_failure(exc: BaseException, process_id: int) -> dict:
+    """The exception for the outcome file, cut to what a report can carry. When
+    it had to be cut, the whole traceback goes to stderr, that is to this
+    host's log, and the cut text says so."""
+    from remote_tpu import _serialization
+
+    job = os.environ.get("REMOTE_TPU_JOB_ID", "JOB")
+    where = (f"the whole traceback is in host {process_id}'s log: "
+             f"handle.logs(host={process_id}) or `remote-tpu jobs logs {job} "
+             f"--host {process_id}`")
+    full = _user_traceback(exc)
+    info = _serialization.describe_exception(exc, traceback_text=full, where=where)
+    if info["cut"]:
+        try:
+            sys.stderr.write(full)
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - the report itself is what matters
+            pass
+    return info
 
 
 def _silence_output() -> None:
@@ -147,8 +174,9 @@ def main() -> None:
 
     # On demand (and on timeout) the agent asks where every thread is; this works
     # even while the main thread is stuck inside a C call or a collective.
-    stacks_file = open(os.path.join(job_dir, STACKS_FILE), "a")
+    stacks_file = open(os.path.join(job_dir, STACKS_FILE), "a", opener=_private)
     faulthandler.register(STACKS_SIGNAL, file=stacks_file, all_threads=True)
+    os.write(status_fd, STATUS_READY)
 
     released = threading.Event()
     threading.Thread(target=_watch_control, args=(control_fd, released), daemon=True,
@@ -175,15 +203,14 @@ def main() -> None:
             phase = "pickling the return value"
             payload = _serialization.dumps(value, what="the return value")
             digest = hashlib.sha256()
-            with open(os.path.join(job_dir, RESULT_FILE), "wb") as f:
+            with open(os.path.join(job_dir, RESULT_FILE), "wb", opener=_private) as f:
                 for part in payload.parts:
                     f.write(part)
                     digest.update(part)
             outcome["result_sha256"] = digest.hexdigest()
         del value
     except BaseException as exc:  # noqa: BLE001 - everything is reported
-        info = _serialization.describe_exception(exc)
-        info["traceback"] = _user_traceback(exc)
+        info = _describe_failure(exc, process_id)
         outcome = {
             "state": "failed",
             "phase": phase,

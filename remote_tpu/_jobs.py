@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -141,7 +142,9 @@ class JobHandle:
                                           timeout=left):
                     pass
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    time.sleep(min(0.5, left or 0.5))    # the agent's streams are all
+                elif exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:   # taken: poll
                     raise self._error(exc) from None
             status = self.status()
             if status.finished:
@@ -204,4 +207,7 @@ def jobs(hosts: str | Sequence[str] | None = None, *, token: str | None = None,
                 pb.ListJobsRequest(limit=limit), metadata=credentials.metadata, timeout=30)
         except grpc.RpcError as exc:
             raise error_from_rpc(exc, gateway) from None
+    if reply.omitted:
+        warnings.warn(f"the agent at {gateway} left out its {reply.omitted} oldest jobs to keep "
+                      "its reply small: pass limit= to list fewer, newest first", stacklevel=2)
     return [JobStatus.from_pb(s) for s in reply.jobs]

@@ -73,7 +73,7 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str) -> None:
         if isinstance(exc, Exception):
             try:
                 exc.add_note(f"raised on host {h} of {n} ({where}). Final state of each "
-                             f"host:\n{hosts}")
+                             f"host:\n{hosts}" + (f"\n{end.detail}" if end.detail else ""))
                 exc.remote_host = h  # type: ignore[attr-defined]
             except (AttributeError, TypeError):
                 pass
@@ -83,7 +83,8 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str) -> None:
             f"could not be rebuilt here; its traceback is below). Final state of each "
             f"host:\n{hosts}",
             type_name=info.type_name, remote_traceback=info.traceback, host=h) from cause
+    also = f" The agent adds: {end.detail}." if end.detail else ""
     raise JobFailedError(
-        f"host {h} of {n} ({where}) {root.detail or _STATE_WORDS.get(root.state, 'failed')}. "
-        f"Final state of each host:\n{hosts}\nLast output of host {h}:\n{_last_lines(root)}",
-        host=h, hosts=end.hosts)
+        f"host {h} of {n} ({where}) {root.detail or _STATE_WORDS.get(root.state, 'failed')}."
+        f"{also} Final state of each host:\n{hosts}\nLast output of host {h}:\n"
+        f"{_last_lines(root)}", host=h, hosts=end.hosts)

@@ -1,15 +1,20 @@
 """Channels to agents (plaintext or TLS, with the slice token on every call),
-and gRPC status -> exception. Used by the client and by gateways for their peers."""
+and gRPC status -> exception. Used by the client and by gateways for their peers.
+
+A channel without TLS to an address beyond this machine warns once per address
+and process; ``REMOTE_TPU_REQUIRE_TLS=1`` refuses it instead."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
+import warnings
 
 import grpc
 import tenacity
 
-from ._auth import TOKEN_METADATA_KEY, TLS, client_token
+from ._auth import TOKEN_METADATA_KEY, TLS, client_token, is_loopback
 from ._exceptions import (AgentUnavailableError, AuthenticationError, ConfigurationError,
                           RemoteTPUError, SerializationError, VersionMismatchError)
 from ._proto import remote_tpu_pb2 as pb
@@ -25,6 +30,9 @@ _KINDS: dict[str, type[RemoteTPUError]] = {
 }
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024    # our messages are <= 1 MiB chunks plus a header
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE,)
+REQUIRE_TLS_ENV = "REMOTE_TPU_REQUIRE_TLS"
+_warned_plaintext: set[str] = set()     # addresses already warned about, in this process
+_warned_lock = threading.Lock()
 
 
 class Redirect(RemoteTPUError):
@@ -54,6 +62,10 @@ def channel_options(overrides: dict[str, int | str] | None = None) -> list[tuple
         "grpc.keepalive_timeout_ms": 5_000,
         "grpc.keepalive_permit_without_calls": 1,
         "grpc.http2.max_pings_without_data": 0,
+        # Reconnect soon after an agent restarts (gRPC's own backoff reaches 15 s
+        # and more); the client retries refused connects for 15 s.
+        "grpc.initial_reconnect_backoff_ms": 250,
+        "grpc.max_reconnect_backoff_ms": 2000,
     }
     options.update(overrides or {})
     return list(options.items())
@@ -86,11 +98,57 @@ class Credentials:
             overrides["grpc.ssl_target_name_override"] = self.tls.server_name
         options = channel_options(overrides)
         if self.tls is None:
+            check_plaintext(address)
             return grpc.insecure_channel(address, options=options)
         ca, key, cert = self.tls.read()
         creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key,
                                              certificate_chain=cert)
         return grpc.secure_channel(address, creds, options=options)
+
+
+def _host_of(address: str) -> str:
+    """``"10.0.0.2:8475"`` -> ``"10.0.0.2"``, ``"[::1]:8475"`` -> ``"::1"``."""
+    if address.startswith("["):
+        return address[1:].split("]", 1)[0]
+    return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+
+
+def _require_tls() -> bool:
+    value = os.environ.get(REQUIRE_TLS_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigurationError(
+        f"${REQUIRE_TLS_ENV}={value!r} is not understood: set it to 1 to refuse connections "
+        "without TLS to other machines, or to 0 (or unset it) to allow them with a warning")
+
+
+def _exposure(address: str) -> str:
+    return (f"the connection to the agent at {address} has no TLS: the slice token, the "
+            "pickled function and its arguments, and the results would cross the network in "
+            "clear, for anyone who can watch it to read (and the token lets them run code on "
+            "the slice). Use TLS: tls=remote_tpu.TLS(ca=...) or $REMOTE_TPU_TLS_CA (agents: "
+            "--tls-cert/--tls-key/--tls-ca), or reach the agent through an SSH tunnel to "
+            "127.0.0.1")
+
+
+def check_plaintext(address: str) -> None:
+    """Before a channel without TLS to ``address``: nothing on loopback; beyond
+    this machine a warning, once per address in this process, or a
+    ConfigurationError when ``$REMOTE_TPU_REQUIRE_TLS`` is set. Host names other
+    than localhost count as beyond this machine."""
+    if is_loopback(_host_of(address)):
+        return
+    if _require_tls():
+        raise ConfigurationError(f"refusing to connect without TLS (${REQUIRE_TLS_ENV}=1): "
+                                 f"{_exposure(address)}.")
+    with _warned_lock:
+        if address in _warned_plaintext:
+            return
+        _warned_plaintext.add(address)
+    warnings.warn(f"{_exposure(address)}. ${REQUIRE_TLS_ENV}=1 refuses such connections.",
+                  UserWarning, stacklevel=3)
 
 
 _channels: dict[tuple[str, Credentials], grpc.Channel] = {}

@@ -162,3 +162,21 @@ def _private_config_home(tmp_path_factory):
         os.environ.pop("XDG_CONFIG_HOME", None)
     else:
         os.environ["XDG_CONFIG_HOME"] = old
+
+
+def hold_open(path: str) -> subprocess.Popen:
+    """A live process that is not an agent's holding ``path`` open, as libtpu would."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                             f"f = open({path!r}, 'a')\nprint('holding', flush=True)\n"
+                             "time.sleep(300)"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "holding"
+    return proc
+
+
+@pytest.fixture
+def tpu_files(tmp_path):
+    """A stand-in libtpu lock file (not there yet) and TPU device file."""
+    lock = tmp_path / "libtpu_lockfile"
+    device = tmp_path / "accel0"
+    device.write_text("")
+    return lock, device

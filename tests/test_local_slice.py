@@ -353,20 +353,3 @@ def test_several_processes_per_host(capfd):
     assert sorted(out.splitlines()) == [f"[process {i}] ok" for i in range(4)]
     with pytest.raises(remote_tpu.ConfigurationError, match="use one of 1, 2, 4"):
         remote_tpu.run(accelerator="tpu-v4-16", hosts="local", processes_per_host=3)
-
-
-def test_tpu_variables_for_several_processes_follow_jax_documentation():
-    from remote_tpu_agent._runner import tpu_process_env
-
-    # JAX's example: one host of 4 chips, one process per chip.
-    assert tpu_process_env(4, 4, 2) == {
-        "TPU_VISIBLE_CHIPS": "2", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
-        "TPU_PROCESS_BOUNDS": "2,2,1",
-        "TPU_PROCESS_ADDRESSES": "localhost:8476,localhost:8477,localhost:8478,localhost:8479",
-        "TPU_PROCESS_PORT": "8478", "CLOUD_TPU_TASK_ID": "2"}
-    # Two processes of two chips: chips are numbered x first, so 0,1 form a 2x1 row.
-    two = tpu_process_env(4, 2, 1)
-    assert two["TPU_VISIBLE_CHIPS"] == "2,3" and two["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "2,1,1"
-    assert two["TPU_PROCESS_BOUNDS"] == "1,2,1"
-    eight = tpu_process_env(8, 8, 7)
-    assert eight["TPU_PROCESS_BOUNDS"] == "2,4,1" and eight["TPU_VISIBLE_CHIPS"] == "7"

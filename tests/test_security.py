@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 
 import remote_tpu
 from certs import CA
-from conftest import Agents
+from conftest import Agents, free_port
 from remote_tpu._auth import TOKEN_METADATA_KEY, new_token
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._transport import Credentials, error_from_rpc, health, versions_pb
+from remote_tpu._transport import (Credentials, error_from_rpc, health, shared_channel,
+                                   versions_pb)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -199,11 +200,11 @@ def _start(args, timeout=30):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_non_loopback_bind_needs_tls_and_token_or_insecure(pki, tmp_path):
+def test_non_loopback_bind_needs_tls_or_insecure(pki, tmp_path):
     proc = _start(["--host", "0.0.0.0", "--port", "0"])
     assert proc.returncode == 2
-    assert "refusing to listen on 0.0.0.0 without TLS and a token" in proc.stderr
-    assert "--insecure" in proc.stderr
+    assert "refusing to listen on 0.0.0.0 without TLS" in proc.stderr
+    assert "--insecure" in proc.stderr and "the token stays required" in proc.stderr
     cert, key = pki["server"]
     proc = subprocess.Popen([sys.executable, "-m", "remote_tpu_agent", "--host", "0.0.0.0",
                              "--port", "0", "--tls-cert", cert, "--tls-key", key],
@@ -213,15 +214,163 @@ def test_non_loopback_bind_needs_tls_and_token_or_insecure(pki, tmp_path):
     finally:
         proc.terminate()
         proc.communicate(timeout=10)
+
+
+def test_insecure_agent_on_all_interfaces_still_demands_the_token(tmp_path):
+    """--insecure allows plaintext beyond loopback, never calls without the token:
+    with none configured the agent creates one, as without --insecure."""
+    config = tmp_path / "config"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REMOTE_TPU_")}
+    env["XDG_CONFIG_HOME"] = str(config)
     proc = subprocess.Popen([sys.executable, "-m", "remote_tpu_agent", "--host", "0.0.0.0",
-                             "--port", "0", "--insecure"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--port", "0", "--insecure", "--state-dir", str(tmp_path / "s")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        assert proc.stdout.readline().startswith("remote-tpu-agent listening on")
+        line = proc.stdout.readline()
+        assert line.startswith("remote-tpu-agent listening on 0.0.0.0:"), line
+        address = f"127.0.0.1:{line.strip().rsplit(':', 1)[1]}"
+        token_file = config / "remote_tpu" / "token"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
+        channel, stub = _stub(address)
+        with channel:
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Health(pb.HealthRequest(), timeout=10)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.RpcError) as info:
+                list(stub.Run(iter([pb.RunRequest(spec=_spec(b"x"))]), timeout=10))
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            token = token_file.read_text().strip()
+            reply = stub.Health(pb.HealthRequest(), timeout=10,
+                                metadata=((TOKEN_METADATA_KEY, token),))
+            assert reply.versions.remote_tpu == remote_tpu.__version__
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=10)
-    assert "*** INSECURE" in err
+    assert "*** INSECURE: no TLS on 0.0.0.0" in err and "token is required" in err
+    assert f"no slice token was configured: created {token_file}" in err
+
+
+# ---------------------------------------------------- plaintext from clients
+
+
+def _own_ip() -> str | None:
+    """An IPv4 address of this machine beyond loopback, if it has one."""
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+def _fresh_remote_address() -> str:
+    """A non-loopback address no channel of this process has used. Its channels
+    are only created, never connected: no traffic leaves this machine."""
+    return f"{_own_ip() or '192.0.2.1'}:{free_port()}"
+
+
+def _plaintext_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if "has no TLS" in str(w.message)]
+
+
+def test_plaintext_channel_beyond_loopback_warns_once_per_address(monkeypatch):
+    monkeypatch.delenv("REMOTE_TPU_REQUIRE_TLS", raising=False)
+    address, other = _fresh_remote_address(), _fresh_remote_address()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            Credentials(token=new_token()).channel(address).close()
+        shared_channel(address, Credentials(token=new_token()))
+        Credentials().channel(other).close()
+    messages = _plaintext_warnings(caught)
+    assert len(messages) == 2, messages
+    first = messages[0]
+    assert f"the connection to the agent at {address} has no TLS" in first
+    assert "slice token" in first and "pickled function and its arguments" in first
+    assert "results" in first
+    assert "tls=remote_tpu.TLS(ca=...)" in first and "REMOTE_TPU_TLS_CA" in first
+    assert "SSH tunnel to 127.0.0.1" in first and "REMOTE_TPU_REQUIRE_TLS=1" in first
+    assert other in messages[1]
+    assert all(w.category is UserWarning for w in caught)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "localhost", "[::1]"])
+def test_plaintext_on_loopback_neither_warns_nor_is_refused(monkeypatch, host):
+    for require in ("0", "1"):
+        monkeypatch.setenv("REMOTE_TPU_REQUIRE_TLS", require)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            Credentials(token=new_token()).channel(f"{host}:{free_port()}").close()
+
+
+def test_tls_beyond_loopback_neither_warns_nor_is_refused(monkeypatch, pki):
+    monkeypatch.setenv("REMOTE_TPU_REQUIRE_TLS", "1")
+    tls = remote_tpu.TLS(ca=str(pki["ca"].path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Credentials(token=new_token(), tls=tls).channel(_fresh_remote_address()).close()
+
+
+def test_require_tls_refuses_plaintext_beyond_loopback(monkeypatch, tmp_path):
+    monkeypatch.setenv("REMOTE_TPU_REQUIRE_TLS", "1")
+    address = _fresh_remote_address()
+    with pytest.raises(remote_tpu.ConfigurationError) as info:
+        Credentials(token=new_token()).channel(address)
+    msg = str(info.value)
+    assert "refusing to connect without TLS ($REMOTE_TPU_REQUIRE_TLS=1)" in msg
+    assert address in msg and "slice token" in msg and "tls=remote_tpu.TLS(ca=...)" in msg
+    assert "SSH tunnel to 127.0.0.1" in msg
+    f = _marking(tmp_path, accelerator="tpu-v5litepod-4", hosts=address, token=new_token())
+    with pytest.raises(remote_tpu.ConfigurationError, match="refusing to connect without TLS"):
+        f()
+    monkeypatch.setenv("REMOTE_TPU_REQUIRE_TLS", "sometimes")
+    with pytest.raises(remote_tpu.ConfigurationError,
+                       match="REMOTE_TPU_REQUIRE_TLS='sometimes' is not understood"):
+        Credentials().channel(address)
+
+
+@pytest.mark.slow
+def test_plaintext_warnings_go_to_stderr_and_the_agent_log_once(tmp_path):
+    """A real slice on this machine's own non-loopback address, with --insecure:
+    the client warns on stderr (never stdout), the gateway logs one warning per
+    peer however many times it calls it, and REMOTE_TPU_REQUIRE_TLS=1 refuses."""
+    ip = _own_ip()
+    if ip is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    token, ports = new_token(), [free_port(), free_port()]
+    addresses = [f"{ip}:{p}" for p in ports]
+    env = {**os.environ, "REMOTE_TPU_TOKEN": token}
+    logs = [tmp_path / f"agent-{i}.log" for i in range(2)]
+    procs = []
+    try:
+        for i, port in enumerate(ports):
+            with open(logs[i], "w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "remote_tpu_agent", "--host", ip, "--port",
+                     str(port), "--insecure", "--worker-id", str(i), "--peers",
+                     ",".join(addresses), "--state-dir", str(tmp_path / f"state-{i}")],
+                    stdout=subprocess.PIPE, stderr=log, text=True, env=env))
+        for proc in procs:
+            assert proc.stdout.readline().startswith("remote-tpu-agent listening on")
+        doctor = [sys.executable, "-m", "remote_tpu", "doctor", addresses[0]]
+        for _ in range(2):
+            done = subprocess.run(doctor, env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "has no TLS" not in done.stdout
+            assert done.stderr.count(f"agent at {addresses[0]} has no TLS") == 1, done.stderr
+        gateway_log = logs[0].read_text()
+        assert gateway_log.count(f"agent at {addresses[1]} has no TLS") == 1, gateway_log
+        assert "WARNING py.warnings" in gateway_log       # a log record, with the agent's format
+        refused = subprocess.run(doctor, env={**env, "REMOTE_TPU_REQUIRE_TLS": "1"},
+                                 capture_output=True, text=True, timeout=60)
+        assert refused.returncode != 0
+        assert "refusing to connect without TLS" in refused.stdout + refused.stderr
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
+            proc.stdout.close()
 
 
 # ------------------------------------------------------- hostile input

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 import pytest
 
 import remote_tpu
-from conftest import free_port
+from conftest import free_port, hold_open
 from metadata_server import HttpStandIn, MetadataStandIn, tpu_vm
 from remote_tpu._auth import TOKEN_ENV, new_token
 from remote_tpu._exceptions import ConfigurationError
@@ -186,28 +187,16 @@ def test_agents_from_metadata_run_a_collective_with_the_client_at_worker_1():
 # ---------------------------------------------------------------- TPU locks
 
 
-def _hold(path: str) -> subprocess.Popen:
-    """A live process that is not ours holding ``path`` open, as libtpu would."""
-    proc = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                             f"f = open({path!r}, 'a')\nprint('holding', flush=True)\n"
-                             "time.sleep(300)"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "holding"
-    return proc
-
-
-@pytest.fixture
-def tpu_files(tmp_path):
-    lock = tmp_path / "libtpu_lockfile"
-    device = tmp_path / "accel0"
-    device.write_text("")
-    return lock, device
 
 
 def _lone_agent(tpu_files, *extra):
     from conftest import Agents
     lock, device = tpu_files
-    return Agents(1, peers=False, extra=["--tpu-lockfile", str(lock), "--tpu-devices",
-                                         str(device.parent / "accel*"), *extra])
+    # Not simulated: a simulated slice never touches TPU locks (a CPU-only
+    # machine runs the worker's JAX on CPU all the same).
+    return Agents(1, devices=0, peers=False,
+                  extra=["--tpu-lockfile", str(lock), "--tpu-devices",
+                         str(device.parent / "accel*"), *extra])
 
 
 def _use_tpu(agents, device):
@@ -230,7 +219,7 @@ def test_stale_lock_is_removed_and_a_live_foreign_holder_blocks(tpu_files):
         lock.write_text("left by a process that died\n")
         assert use() == "ran"
         assert not lock.exists(), "the stale lock was left"
-        holder = _hold(str(device))
+        holder = hold_open(str(device))
         try:
             with pytest.raises(remote_tpu.JobFailedError) as info:
                 use()
@@ -251,7 +240,7 @@ def test_stale_lock_is_removed_and_a_live_foreign_holder_blocks(tpu_files):
 def test_kill_tpu_holders_frees_the_tpu(tpu_files):
     lock, device = tpu_files
     agents = _lone_agent(tpu_files, "--kill-tpu-holders")
-    holder = _hold(str(lock))
+    holder = hold_open(str(lock))
     try:
         assert _use_tpu(agents, device)() == "ran"
         assert holder.wait(5) == -signal.SIGKILL
@@ -279,6 +268,53 @@ def test_install_service_dry_run_prints_the_unit():
                            "--dry-run", "--hots", "x"], capture_output=True, text=True,
                           timeout=30)
     assert typo.returncode == 2 and "unrecognized arguments: --hots" in typo.stderr
+
+
+def _readme_tpu_recipe() -> str:
+    """The first bash block of the README's "Run on a TPU slice" section."""
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "README.md")) as f:
+        readme = f.read()
+    section = readme.split("### Run on a TPU slice", 1)[1]
+    return re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_tpu_recipe_copies_the_token_file_and_expands_nothing_locally():
+    recipe = _readme_tpu_recipe()
+    assert "$(cat" not in recipe and "echo" not in recipe and "`" not in recipe
+    assert "REMOTE_TPU_TOKEN" not in recipe and "--token" not in recipe
+    assert ("gcloud compute tpus tpu-vm scp ~/.config/remote_tpu/token "
+            "NAME:~/.config/remote_tpu/token --zone ZONE --worker=all") in recipe
+    assert recipe.index("chmod 700 ~/.config/remote_tpu") < recipe.index("tpu-vm scp")
+    assert recipe.index("tpu-vm scp") < recipe.index("chmod 600 ~/.config/remote_tpu/token")
+    # Every remote command is single-quoted: nothing in it expands on the laptop, and
+    # outside those quotes there is nothing to expand but the local token's path.
+    remote = re.findall(r"--command '([^']*)'", recipe)
+    assert len(remote) == 2 and recipe.count("--command") == 2
+    local = re.sub(r"--command '[^']*'", "--command REMOTE", recipe)
+    assert "$" not in local and '"' not in local
+    assert ('sudo env HOME="$HOME" "$(which python3)" -m remote_tpu_agent install-service '
+            '--user "$(whoami)"') in remote[1]
+
+
+def test_install_service_unit_for_the_readme_recipe():
+    line = [ln for ln in _readme_tpu_recipe().splitlines() if "install-service" in ln][0]
+    flags = shlex.split(line.split("install-service", 1)[1].rstrip("'"))
+    assert flags[:2] == ["--user", "$(whoami)"]
+    agent_flags = flags[2:]
+    assert agent_flags == ["--host", "0.0.0.0", "--insecure"]
+    token = new_token()
+    proc = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "install-service",
+                           "--dry-run", "--user", "tpu-user", *agent_flags],
+                          capture_output=True, text=True, timeout=30,
+                          env={**os.environ, TOKEN_ENV: token})
+    assert proc.returncode == 0, proc.stderr
+    unit = proc.stdout
+    assert "\nUser=tpu-user\n" in unit
+    exec_start = [ln for ln in unit.splitlines() if ln.startswith("ExecStart=")]
+    assert exec_start == [f"ExecStart={sys.executable} -m remote_tpu_agent --host 0.0.0.0 "
+                          "--insecure"]
+    assert token not in unit and "token" not in exec_start[0].lower()
 
 
 def test_doctor_against_a_local_slice():
@@ -315,8 +351,9 @@ def test_doctor_against_a_local_slice():
 @pytest.mark.slow
 def test_doctor_reports_a_busy_tpu_and_unreachable_hosts(tmp_path):
     lock = tmp_path / "libtpu_lockfile"
-    vm = MetadataSlice("v4-16", 2, extra=["--tpu-lockfile", str(lock)])
-    holder = _hold(str(lock))
+    vm = MetadataSlice("v4-16", 2, extra=["--tpu-lockfile", str(lock),
+                                          "--simulate-devices", "0"])
+    holder = hold_open(str(lock))
     try:
         env = {**os.environ, "REMOTE_TPU_TOKEN": vm.token}
         proc = subprocess.run([sys.executable, "-m", "remote_tpu", "doctor", vm.addresses[1]],

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10remote_tpu.proto\x12\rremote_tpu.v1\"\x1e\n\rDoctorRequest\x12\r\n\x05hosts\x18\x01 \x03(\t\"f\n\nHostHealth\x12\x0c\n\x04host\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12*\n\x06health\x18\x03 \x01(\x0b\x32\x1a.remote_tpu.v1.HealthReply\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"7\n\x0b\x44octorReply\x12(\n\x05hosts\x18\x01 \x03(\x0b\x32\x19.remote_tpu.v1.HostHealth\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x99\x02\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\x05phase\x18\x02 \x01(\x0e\x32\x17.remote_tpu.v1.JobPhase\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x03 \x01(\t\x12\x11\n\tnum_hosts\x18\x04 \x01(\r\x12\x12\n\ncreated_at\x18\x05 \x01(\x01\x12\x12\n\nstarted_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\x12\x15\n\rqueued_behind\x18\t \x01(\t\x12\x16\n\x0equeue_position\x18\n \x01(\r\x12\x0f\n\x07\x65xisted\x18\x0b \x01(\x08\x12\"\n\x03\x65nd\x18\x0c \x01(\x0b\x32\x15.remote_tpu.v1.JobEnd\"N\n\x0cWatchRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05hosts\x18\x02 \x03(\r\x12\x0f\n\x07offsets\x18\x03 \x03(\x04\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\"(\n\nHostStacks\x12\x0c\n\x04host\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"7\n\x0bStacksReply\x12(\n\x05hosts\x18\x01 \x03(\x0b\x32\x19.remote_tpu.v1.HostStacks\" \n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"7\n\rListJobsReply\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.remote_tpu.v1.JobStatus\"b\n\x08Versions\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x12\n\nremote_tpu\x18\x02 \x01(\t\x12\x0e\n\x06python\x18\x03 \x01(\t\x12\x13\n\x0b\x63loudpickle\x18\x04 \x01(\t\x12\x0b\n\x03jax\x18\x05 \x01(\t\"\x0f\n\rHealthRequest\"\xc8\x01\n\x0bHealthReply\x12)\n\x08versions\x18\x01 \x01(\x0b\x32\x17.remote_tpu.v1.Versions\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\r\x12\r\n\x05peers\x18\x04 \x03(\t\x12\x18\n\x10simulate_devices\x18\x05 \x01(\r\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x06 \x01(\t\x12\x10\n\x08tpu_busy\x18\x07 \x01(\t\x12\x14\n\x0cslice_source\x18\x08 \x01(\t\"b\n\x0bJaxTimeouts\x12\x1e\n\x16initialization_seconds\x18\x01 \x01(\r\x12\x19\n\x11heartbeat_seconds\x18\x02 \x01(\r\x12\x18\n\x10shutdown_seconds\x18\x03 \x01(\r\"\x8a\x04\n\x07JobSpec\x12\x30\n\x0f\x63lient_versions\x18\x01 \x01(\x0b\x32\x17.remote_tpu.v1.Versions\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x03 \x01(\t\x12\x11\n\tnum_hosts\x18\x04 \x01(\r\x12!\n\x04role\x18\x05 \x01(\x0e\x32\x13.remote_tpu.v1.Role\x12\r\n\x05hosts\x18\x06 \x03(\t\x12\x12\n\nprocess_id\x18\x07 \x01(\r\x12\x1b\n\x13\x63oordinator_address\x18\x08 \x01(\t\x12)\n\x06stream\x18\t \x01(\x0e\x32\x19.remote_tpu.v1.StreamMode\x12,\n\x03\x65nv\x18\n \x03(\x0b\x32\x1f.remote_tpu.v1.JobSpec.EnvEntry\x12\x17\n\x0ftimeout_seconds\x18\x0b \x01(\x01\x12\x30\n\x0cjax_timeouts\x18\x0c \x01(\x0b\x32\x1a.remote_tpu.v1.JaxTimeouts\x12\x14\n\x0cpayload_size\x18\r \x01(\x04\x12\x18\n\x10\x64\x65vices_per_host\x18\x0e \x01(\r\x12\x16\n\x0epayload_sha256\x18\x0f \x01(\x0c\x12\x1a\n\x12processes_per_host\x18\x10 \x01(\r\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x80\x01\n\nRunRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x16.remote_tpu.v1.JobSpecH\x00\x12\x17\n\rpayload_chunk\x18\x02 \x01(\x0cH\x00\x12)\n\x07\x63ontrol\x18\x03 \x01(\x0e\x32\x16.remote_tpu.v1.ControlH\x00\x42\x06\n\x04kind\"S\n\x06Output\x12+\n\x06stream\x18\x01 \x01(\x0e\x32\x1b.remote_tpu.v1.OutputStream\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"Y\n\x0fRemoteException\x12\x11\n\ttype_name\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x0f\n\x07pickled\x18\x04 \x01(\x0c\"\x85\x02\n\nHostReport\x12\x0c\n\x04host\x18\x01 \x01(\r\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.remote_tpu.v1.HostState\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x0e\n\x06signal\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x12\n\nlast_lines\x18\x06 \x03(\t\x12\x31\n\texception\x18\x07 \x01(\x0b\x32\x1e.remote_tpu.v1.RemoteException\x12\x13\n\x0b\x66inished_at\x18\x08 \x01(\x01\x12\x0e\n\x06\x65xited\x18\t \x01(\x08\x12\x0e\n\x06stacks\x18\n \x01(\t\x12\x11\n\tpreempted\x18\x0b \x01(\x08\"\x9a\x01\n\x06JobEnd\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.remote_tpu.v1.JobState\x12\x17\n\x0froot_cause_host\x18\x02 \x01(\x05\x12(\n\x05hosts\x18\x03 \x03(\x0b\x32\x19.remote_tpu.v1.HostReport\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x15\n\rresult_sha256\x18\x05 \x01(\x0c\"C\n\x07Started\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x1b\n\x13\x63oordinator_address\x18\x03 \x01(\t\"\xb3\x02\n\x05\x45vent\x12\x0c\n\x04host\x18\x01 \x01(\r\x12)\n\x07started\x18\x02 \x01(\x0b\x32\x16.remote_tpu.v1.StartedH\x00\x12\'\n\x06output\x18\x03 \x01(\x0b\x32\x15.remote_tpu.v1.OutputH\x00\x12)\n\x04\x64one\x18\x04 \x01(\x0b\x32\x19.remote_tpu.v1.HostReportH\x00\x12+\n\x06\x65xited\x18\x05 \x01(\x0b\x32\x19.remote_tpu.v1.HostReportH\x00\x12\x16\n\x0cresult_chunk\x18\x06 \x01(\x0cH\x00\x12$\n\x03\x65nd\x18\x07 \x01(\x0b\x32\x15.remote_tpu.v1.JobEndH\x00\x12*\n\x06queued\x18\x08 \x01(\x0b\x32\x18.remote_tpu.v1.JobStatusH\x00\x42\x06\n\x04kind*\xe0\x01\n\x08JobPhase\x12\x19\n\x15JOB_PHASE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_PHASE_QUEUED\x10\x01\x12\x15\n\x11JOB_PHASE_RUNNING\x10\x02\x12\x17\n\x13JOB_PHASE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_PHASE_FAILED\x10\x04\x12\x17\n\x13JOB_PHASE_CANCELLED\x10\x05\x12\x17\n\x13JOB_PHASE_TIMED_OUT\x10\x06\x12\x12\n\x0eJOB_PHASE_LOST\x10\x07\x12\x17\n\x13JOB_PHASE_PREEMPTED\x10\x08*=\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_GATEWAY\x10\x01\x12\r\n\tROLE_PEER\x10\x02*l\n\nStreamMode\x12\x1b\n\x17STREAM_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12STREAM_MODE_LEADER\x10\x01\x12\x13\n\x0fSTREAM_MODE_ALL\x10\x02\x12\x14\n\x10STREAM_MODE_NONE\x10\x03*K\n\x07\x43ontrol\x12\x17\n\x13\x43ONTROL_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43ONTROL_RELEASE\x10\x01\x12\x12\n\x0e\x43ONTROL_CANCEL\x10\x02*a\n\x0cOutputStream\x12\x1d\n\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n\x14OUTPUT_STREAM_STDERR\x10\x02*\xcc\x01\n\tHostState\x12\x1a\n\x16HOST_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12HOST_STATE_PENDING\x10\x01\x12\x16\n\x12HOST_STATE_RUNNING\x10\x02\x12\x18\n\x14HOST_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11HOST_STATE_FAILED\x10\x04\x12\x13\n\x0fHOST_STATE_DIED\x10\x05\x12\x18\n\x14HOST_STATE_CANCELLED\x10\x06\x12\x13\n\x0fHOST_STATE_LOST\x10\x07*\xb3\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x01\x12\x14\n\x10JOB_STATE_FAILED\x10\x02\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x03\x12\x17\n\x13JOB_STATE_TIMED_OUT\x10\x04\x12\x12\n\x0eJOB_STATE_LOST\x10\x05\x12\x17\n\x13JOB_STATE_PREEMPTED\x10\x06\x32\x80\x05\n\x05\x41gent\x12\x42\n\x06Health\x12\x1c.remote_tpu.v1.HealthRequest\x1a\x1a.remote_tpu.v1.HealthReply\x12:\n\x03Run\x12\x19.remote_tpu.v1.RunRequest\x1a\x14.remote_tpu.v1.Event(\x01\x30\x01\x12?\n\x06Submit\x12\x19.remote_tpu.v1.RunRequest\x1a\x18.remote_tpu.v1.JobStatus(\x01\x12<\n\x05Watch\x12\x1b.remote_tpu.v1.WatchRequest\x1a\x14.remote_tpu.v1.Event0\x01\x12\x37\n\x06Result\x12\x15.remote_tpu.v1.JobRef\x1a\x14.remote_tpu.v1.Event0\x01\x12\x39\n\x06Status\x12\x15.remote_tpu.v1.JobRef\x1a\x18.remote_tpu.v1.JobStatus\x12\x39\n\x06\x43\x61ncel\x12\x15.remote_tpu.v1.JobRef\x1a\x18.remote_tpu.v1.JobStatus\x12;\n\x06Stacks\x12\x15.remote_tpu.v1.JobRef\x1a\x1a.remote_tpu.v1.StacksReply\x12H\n\x08ListJobs\x12\x1e.remote_tpu.v1.ListJobsRequest\x1a\x1c.remote_tpu.v1.ListJobsReply\x12\x42\n\x06\x44octor\x12\x1c.remote_tpu.v1.DoctorRequest\x1a\x1a.remote_tpu.v1.DoctorReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10remote_tpu.proto\x12\rremote_tpu.v1\"\x1e\n\rDoctorRequest\x12\r\n\x05hosts\x18\x01 \x03(\t\"f\n\nHostHealth\x12\x0c\n\x04host\x18\x01 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12*\n\x06health\x18\x03 \x01(\x0b\x32\x1a.remote_tpu.v1.HealthReply\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"7\n\x0b\x44octorReply\x12(\n\x05hosts\x18\x01 \x03(\x0b\x32\x19.remote_tpu.v1.HostHealth\"\x18\n\x06JobRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x99\x02\n\tJobStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12&\n\x05phase\x18\x02 \x01(\x0e\x32\x17.remote_tpu.v1.JobPhase\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x03 \x01(\t\x12\x11\n\tnum_hosts\x18\x04 \x01(\r\x12\x12\n\ncreated_at\x18\x05 \x01(\x01\x12\x12\n\nstarted_at\x18\x06 \x01(\x01\x12\x10\n\x08\x65nded_at\x18\x07 \x01(\x01\x12\x0e\n\x06\x64\x65tail\x18\x08 \x01(\t\x12\x15\n\rqueued_behind\x18\t \x01(\t\x12\x16\n\x0equeue_position\x18\n \x01(\r\x12\x0f\n\x07\x65xisted\x18\x0b \x01(\x08\x12\"\n\x03\x65nd\x18\x0c \x01(\x0b\x32\x15.remote_tpu.v1.JobEnd\"N\n\x0cWatchRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05hosts\x18\x02 \x03(\r\x12\x0f\n\x07offsets\x18\x03 \x03(\x04\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\"(\n\nHostStacks\x12\x0c\n\x04host\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"7\n\x0bStacksReply\x12(\n\x05hosts\x18\x01 \x03(\x0b\x32\x19.remote_tpu.v1.HostStacks\" \n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"H\n\rListJobsReply\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.remote_tpu.v1.JobStatus\x12\x0f\n\x07omitted\x18\x02 \x01(\r\"b\n\x08Versions\x12\x10\n\x08protocol\x18\x01 \x01(\r\x12\x12\n\nremote_tpu\x18\x02 \x01(\t\x12\x0e\n\x06python\x18\x03 \x01(\t\x12\x13\n\x0b\x63loudpickle\x18\x04 \x01(\t\x12\x0b\n\x03jax\x18\x05 \x01(\t\"\x0f\n\rHealthRequest\"\xc8\x01\n\x0bHealthReply\x12)\n\x08versions\x18\x01 \x01(\x0b\x32\x17.remote_tpu.v1.Versions\x12\x15\n\ragent_address\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\r\x12\r\n\x05peers\x18\x04 \x03(\t\x12\x18\n\x10simulate_devices\x18\x05 \x01(\r\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x06 \x01(\t\x12\x10\n\x08tpu_busy\x18\x07 \x01(\t\x12\x14\n\x0cslice_source\x18\x08 \x01(\t\"b\n\x0bJaxTimeouts\x12\x1e\n\x16initialization_seconds\x18\x01 \x01(\r\x12\x19\n\x11heartbeat_seconds\x18\x02 \x01(\r\x12\x18\n\x10shutdown_seconds\x18\x03 \x01(\r\"\x8a\x04\n\x07JobSpec\x12\x30\n\x0f\x63lient_versions\x18\x01 \x01(\x0b\x32\x17.remote_tpu.v1.Versions\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x03 \x01(\t\x12\x11\n\tnum_hosts\x18\x04 \x01(\r\x12!\n\x04role\x18\x05 \x01(\x0e\x32\x13.remote_tpu.v1.Role\x12\r\n\x05hosts\x18\x06 \x03(\t\x12\x12\n\nprocess_id\x18\x07 \x01(\r\x12\x1b\n\x13\x63oordinator_address\x18\x08 \x01(\t\x12)\n\x06stream\x18\t \x01(\x0e\x32\x19.remote_tpu.v1.StreamMode\x12,\n\x03\x65nv\x18\n \x03(\x0b\x32\x1f.remote_tpu.v1.JobSpec.EnvEntry\x12\x17\n\x0ftimeout_seconds\x18\x0b \x01(\x01\x12\x30\n\x0cjax_timeouts\x18\x0c \x01(\x0b\x32\x1a.remote_tpu.v1.JaxTimeouts\x12\x14\n\x0cpayload_size\x18\r \x01(\x04\x12\x18\n\x10\x64\x65vices_per_host\x18\x0e \x01(\r\x12\x16\n\x0epayload_sha256\x18\x0f \x01(\x0c\x12\x1a\n\x12processes_per_host\x18\x10 \x01(\r\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x80\x01\n\nRunRequest\x12&\n\x04spec\x18\x01 \x01(\x0b\x32\x16.remote_tpu.v1.JobSpecH\x00\x12\x17\n\rpayload_chunk\x18\x02 \x01(\x0cH\x00\x12)\n\x07\x63ontrol\x18\x03 \x01(\x0e\x32\x16.remote_tpu.v1.ControlH\x00\x42\x06\n\x04kind\"S\n\x06Output\x12+\n\x06stream\x18\x01 \x01(\x0e\x32\x1b.remote_tpu.v1.OutputStream\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"Y\n\x0fRemoteException\x12\x11\n\ttype_name\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x0f\n\x07pickled\x18\x04 \x01(\x0c\"\x85\x02\n\nHostReport\x12\x0c\n\x04host\x18\x01 \x01(\r\x12\'\n\x05state\x18\x02 \x01(\x0e\x32\x18.remote_tpu.v1.HostState\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x0e\n\x06signal\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t\x12\x12\n\nlast_lines\x18\x06 \x03(\t\x12\x31\n\texception\x18\x07 \x01(\x0b\x32\x1e.remote_tpu.v1.RemoteException\x12\x13\n\x0b\x66inished_at\x18\x08 \x01(\x01\x12\x0e\n\x06\x65xited\x18\t \x01(\x08\x12\x0e\n\x06stacks\x18\n \x01(\t\x12\x11\n\tpreempted\x18\x0b \x01(\x08\"\x9a\x01\n\x06JobEnd\x12&\n\x05state\x18\x01 \x01(\x0e\x32\x17.remote_tpu.v1.JobState\x12\x17\n\x0froot_cause_host\x18\x02 \x01(\x05\x12(\n\x05hosts\x18\x03 \x03(\x0b\x32\x19.remote_tpu.v1.HostReport\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x15\n\rresult_sha256\x18\x05 \x01(\x0c\"C\n\x07Started\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12\x1b\n\x13\x63oordinator_address\x18\x03 \x01(\t\"\xb3\x02\n\x05\x45vent\x12\x0c\n\x04host\x18\x01 \x01(\r\x12)\n\x07started\x18\x02 \x01(\x0b\x32\x16.remote_tpu.v1.StartedH\x00\x12\'\n\x06output\x18\x03 \x01(\x0b\x32\x15.remote_tpu.v1.OutputH\x00\x12)\n\x04\x64one\x18\x04 \x01(\x0b\x32\x19.remote_tpu.v1.HostReportH\x00\x12+\n\x06\x65xited\x18\x05 \x01(\x0b\x32\x19.remote_tpu.v1.HostReportH\x00\x12\x16\n\x0cresult_chunk\x18\x06 \x01(\x0cH\x00\x12$\n\x03\x65nd\x18\x07 \x01(\x0b\x32\x15.remote_tpu.v1.JobEndH\x00\x12*\n\x06queued\x18\x08 \x01(\x0b\x32\x18.remote_tpu.v1.JobStatusH\x00\x42\x06\n\x04kind*\xe0\x01\n\x08JobPhase\x12\x19\n\x15JOB_PHASE_UNSPECIFIED\x10\x00\x12\x14\n\x10JOB_PHASE_QUEUED\x10\x01\x12\x15\n\x11JOB_PHASE_RUNNING\x10\x02\x12\x17\n\x13JOB_PHASE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_PHASE_FAILED\x10\x04\x12\x17\n\x13JOB_PHASE_CANCELLED\x10\x05\x12\x17\n\x13JOB_PHASE_TIMED_OUT\x10\x06\x12\x12\n\x0eJOB_PHASE_LOST\x10\x07\x12\x17\n\x13JOB_PHASE_PREEMPTED\x10\x08*=\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_GATEWAY\x10\x01\x12\r\n\tROLE_PEER\x10\x02*l\n\nStreamMode\x12\x1b\n\x17STREAM_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12STREAM_MODE_LEADER\x10\x01\x12\x13\n\x0fSTREAM_MODE_ALL\x10\x02\x12\x14\n\x10STREAM_MODE_NONE\x10\x03*K\n\x07\x43ontrol\x12\x17\n\x13\x43ONTROL_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x43ONTROL_RELEASE\x10\x01\x12\x12\n\x0e\x43ONTROL_CANCEL\x10\x02*a\n\x0cOutputStream\x12\x1d\n\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n\x14OUTPUT_STREAM_STDERR\x10\x02*\xcc\x01\n\tHostState\x12\x1a\n\x16HOST_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12HOST_STATE_PENDING\x10\x01\x12\x16\n\x12HOST_STATE_RUNNING\x10\x02\x12\x18\n\x14HOST_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11HOST_STATE_FAILED\x10\x04\x12\x13\n\x0fHOST_STATE_DIED\x10\x05\x12\x18\n\x14HOST_STATE_CANCELLED\x10\x06\x12\x13\n\x0fHOST_STATE_LOST\x10\x07*\xb3\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x01\x12\x14\n\x10JOB_STATE_FAILED\x10\x02\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x03\x12\x17\n\x13JOB_STATE_TIMED_OUT\x10\x04\x12\x12\n\x0eJOB_STATE_LOST\x10\x05\x12\x17\n\x13JOB_STATE_PREEMPTED\x10\x06\x32\x80\x05\n\x05\x41gent\x12\x42\n\x06Health\x12\x1c.remote_tpu.v1.HealthRequest\x1a\x1a.remote_tpu.v1.HealthReply\x12:\n\x03Run\x12\x19.remote_tpu.v1.RunRequest\x1a\x14.remote_tpu.v1.Event(\x01\x30\x01\x12?\n\x06Submit\x12\x19.remote_tpu.v1.RunRequest\x1a\x18.remote_tpu.v1.JobStatus(\x01\x12<\n\x05Watch\x12\x1b.remote_tpu.v1.WatchRequest\x1a\x14.remote_tpu.v1.Event0\x01\x12\x37\n\x06Result\x12\x15.remote_tpu.v1.JobRef\x1a\x14.remote_tpu.v1.Event0\x01\x12\x39\n\x06Status\x12\x15.remote_tpu.v1.JobRef\x1a\x18.remote_tpu.v1.JobStatus\x12\x39\n\x06\x43\x61ncel\x12\x15.remote_tpu.v1.JobRef\x1a\x18.remote_tpu.v1.JobStatus\x12;\n\x06Stacks\x12\x15.remote_tpu.v1.JobRef\x1a\x1a.remote_tpu.v1.StacksReply\x12H\n\x08ListJobs\x12\x1e.remote_tpu.v1.ListJobsRequest\x1a\x1c.remote_tpu.v1.ListJobsReply\x12\x42\n\x06\x44octor\x12\x1c.remote_tpu.v1.DoctorRequest\x1a\x1a.remote_tpu.v1.DoctorReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,20 +33,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBSPEC_ENVENTRY']._loaded_options = None
   _globals['_JOBSPEC_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_JOBPHASE']._serialized_start=2861
-  _globals['_JOBPHASE']._serialized_end=3085
-  _globals['_ROLE']._serialized_start=3087
-  _globals['_ROLE']._serialized_end=3148
-  _globals['_STREAMMODE']._serialized_start=3150
-  _globals['_STREAMMODE']._serialized_end=3258
-  _globals['_CONTROL']._serialized_start=3260
-  _globals['_CONTROL']._serialized_end=3335
-  _globals['_OUTPUTSTREAM']._serialized_start=3337
-  _globals['_OUTPUTSTREAM']._serialized_end=3434
-  _globals['_HOSTSTATE']._serialized_start=3437
-  _globals['_HOSTSTATE']._serialized_end=3641
-  _globals['_JOBSTATE']._serialized_start=3644
-  _globals['_JOBSTATE']._serialized_end=3823
+  _globals['_JOBPHASE']._serialized_start=2878
+  _globals['_JOBPHASE']._serialized_end=3102
+  _globals['_ROLE']._serialized_start=3104
+  _globals['_ROLE']._serialized_end=3165
+  _globals['_STREAMMODE']._serialized_start=3167
+  _globals['_STREAMMODE']._serialized_end=3275
+  _globals['_CONTROL']._serialized_start=3277
+  _globals['_CONTROL']._serialized_end=3352
+  _globals['_OUTPUTSTREAM']._serialized_start=3354
+  _globals['_OUTPUTSTREAM']._serialized_end=3451
+  _globals['_HOSTSTATE']._serialized_start=3454
+  _globals['_HOSTSTATE']._serialized_end=3658
+  _globals['_JOBSTATE']._serialized_start=3661
+  _globals['_JOBSTATE']._serialized_end=3840
   _globals['_DOCTORREQUEST']._serialized_start=35
   _globals['_DOCTORREQUEST']._serialized_end=65
   _globals['_HOSTHEALTH']._serialized_start=67
@@ -66,33 +66,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTJOBSREQUEST']._serialized_start=717
   _globals['_LISTJOBSREQUEST']._serialized_end=749
   _globals['_LISTJOBSREPLY']._serialized_start=751
-  _globals['_LISTJOBSREPLY']._serialized_end=806
-  _globals['_VERSIONS']._serialized_start=808
-  _globals['_VERSIONS']._serialized_end=906
-  _globals['_HEALTHREQUEST']._serialized_start=908
-  _globals['_HEALTHREQUEST']._serialized_end=923
-  _globals['_HEALTHREPLY']._serialized_start=926
-  _globals['_HEALTHREPLY']._serialized_end=1126
-  _globals['_JAXTIMEOUTS']._serialized_start=1128
-  _globals['_JAXTIMEOUTS']._serialized_end=1226
-  _globals['_JOBSPEC']._serialized_start=1229
-  _globals['_JOBSPEC']._serialized_end=1751
-  _globals['_JOBSPEC_ENVENTRY']._serialized_start=1709
-  _globals['_JOBSPEC_ENVENTRY']._serialized_end=1751
-  _globals['_RUNREQUEST']._serialized_start=1754
-  _globals['_RUNREQUEST']._serialized_end=1882
-  _globals['_OUTPUT']._serialized_start=1884
-  _globals['_OUTPUT']._serialized_end=1967
-  _globals['_REMOTEEXCEPTION']._serialized_start=1969
-  _globals['_REMOTEEXCEPTION']._serialized_end=2058
-  _globals['_HOSTREPORT']._serialized_start=2061
-  _globals['_HOSTREPORT']._serialized_end=2322
-  _globals['_JOBEND']._serialized_start=2325
-  _globals['_JOBEND']._serialized_end=2479
-  _globals['_STARTED']._serialized_start=2481
-  _globals['_STARTED']._serialized_end=2548
-  _globals['_EVENT']._serialized_start=2551
-  _globals['_EVENT']._serialized_end=2858
-  _globals['_AGENT']._serialized_start=3826
-  _globals['_AGENT']._serialized_end=4466
+  _globals['_LISTJOBSREPLY']._serialized_end=823
+  _globals['_VERSIONS']._serialized_start=825
+  _globals['_VERSIONS']._serialized_end=923
+  _globals['_HEALTHREQUEST']._serialized_start=925
+  _globals['_HEALTHREQUEST']._serialized_end=940
+  _globals['_HEALTHREPLY']._serialized_start=943
+  _globals['_HEALTHREPLY']._serialized_end=1143
+  _globals['_JAXTIMEOUTS']._serialized_start=1145
+  _globals['_JAXTIMEOUTS']._serialized_end=1243
+  _globals['_JOBSPEC']._serialized_start=1246
+  _globals['_JOBSPEC']._serialized_end=1768
+  _globals['_JOBSPEC_ENVENTRY']._serialized_start=1726
+  _globals['_JOBSPEC_ENVENTRY']._serialized_end=1768
+  _globals['_RUNREQUEST']._serialized_start=1771
+  _globals['_RUNREQUEST']._serialized_end=1899
+  _globals['_OUTPUT']._serialized_start=1901
+  _globals['_OUTPUT']._serialized_end=1984
+  _globals['_REMOTEEXCEPTION']._serialized_start=1986
+  _globals['_REMOTEEXCEPTION']._serialized_end=2075
+  _globals['_HOSTREPORT']._serialized_start=2078
+  _globals['_HOSTREPORT']._serialized_end=2339
+  _globals['_JOBEND']._serialized_start=2342
+  _globals['_JOBEND']._serialized_end=2496
+  _globals['_STARTED']._serialized_start=2498
+  _globals['_STARTED']._serialized_end=2565
+  _globals['_EVENT']._serialized_start=2568
+  _globals['_EVENT']._serialized_end=2875
+  _globals['_AGENT']._serialized_start=3843
+  _globals['_AGENT']._serialized_end=4483
 # @@protoc_insertion_point(module_scope)

@@ -193,10 +193,12 @@ class ListJobsRequest(_message.Message):
     def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
 class ListJobsReply(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "omitted")
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    OMITTED_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
+    omitted: int
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., omitted: _Optional[int] = ...) -> None: ...
 
 class Versions(_message.Message):
     __slots__ = ("protocol", "remote_tpu", "python", "cloudpickle", "jax")

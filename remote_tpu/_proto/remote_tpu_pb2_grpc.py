@@ -147,7 +147,7 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stacks(self, request, context):
-        """The Python stack of every host's worker, host by host.
+        """The Python stack of every host's worker, host by host (cut to fit one reply).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

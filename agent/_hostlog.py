@@ -1,0 +1,158 @@
+"""One host's output of one job, on disk: framed records, bounded, never half-written.
+
+Offsets count bytes of the framed stream from the job's start and never move.
+Up to ``max_bytes`` are kept: the first half in ``host-N.log``, then tail
+segments ``host-N.log.OFFSET`` of an eighth each, the oldest dropped once there
+are more than four. A reader whose offset falls in what was dropped gets one
+notice that says how much was cut, then the kept tail.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import threading
+
+from remote_tpu._limits import CHUNK_SIZE
+from remote_tpu._proto import remote_tpu_pb2 as pb
+
+_FRAME = struct.Struct("<BI")    # output stream, length
+_TAIL_SEGMENTS = 4
+DEFAULT_MAX_LOG_BYTES = 1 << 30
+
+
+class StoreFull(OSError):
+    """The disk under the agent's state directory is full."""
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _open_append(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+
+class HostLog:
+    def __init__(self, path: str, max_bytes: int = DEFAULT_MAX_LOG_BYTES,
+                 host: int = 0) -> None:
+        self.path = path
+        self.host = host
+        self.max_bytes = max(2 * _TAIL_SEGMENTS, max_bytes)
+        self.dropped = 0              # bytes that could not be stored (disk full)
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._segment_start = 0       # offset of the open segment's first byte
+        self._size = 0                # bytes in the open segment
+        self._end = 0                 # offset after the last record
+        self._tails: list[int] = []   # starts of the kept tail segments, oldest first
+
+    # ------------------------------------------------------------ writing
+
+    def _segment_path(self, start: int) -> str:
+        return self.path if start == 0 else f"{self.path}.{start:020d}"
+
+    def _open(self) -> None:
+        """Continue where the files on disk end (a new log: at 0)."""
+        _, self._tails = self.segments()
+        self._segment_start = self._tails[-1] if self._tails else 0
+        self._size = _size(self._segment_path(self._segment_start))
+        self._end = self._segment_start + self._size
+        self._fd = _open_append(self._segment_path(self._segment_start))
+
+    def _next_segment(self) -> None:
+        assert self._fd is not None
+        os.close(self._fd)
+        self._fd = None
+        self._fd = _open_append(self._segment_path(self._end))
+        self._segment_start, self._size = self._end, 0
+        self._tails.append(self._end)
+        while len(self._tails) > _TAIL_SEGMENTS:
+            try:
+                os.unlink(self._segment_path(self._tails.pop(0)))
+            except OSError:
+                pass
+
+    def append(self, stream: int, data: bytes) -> None:
+        """Store ``data``; raises :class:`StoreFull` when the disk is full (the
+        record that did not fit is not stored at all)."""
+        with self._lock:
+            if self._fd is None:
+                self._open()
+            for start in range(0, len(data), CHUNK_SIZE):
+                piece = data[start:start + CHUNK_SIZE]
+                self._write(_FRAME.pack(stream, len(piece)) + piece)
+
+    def _write(self, frame: bytes) -> None:
+        head = self._segment_start == 0
+        limit = self.max_bytes // 2 if head else self.max_bytes // (2 * _TAIL_SEGMENTS)
+        if self._size and self._size + len(frame) > limit:
+            self._next_segment()
+        assert self._fd is not None
+        view = memoryview(frame)
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as exc:
+            os.ftruncate(self._fd, self._size)    # readers would wait for half a record
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(exc.errno, f"no space left for {self.path}") from exc
+            raise
+        self._size += len(frame)
+        self._end += len(frame)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    # ------------------------------------------------------------ reading
+
+    def segments(self) -> tuple[int, list[int]]:
+        """(size of the head file, starts of the tail segments on disk)."""
+        directory, name = os.path.split(self.path)
+        try:
+            entries = os.listdir(directory)
+        except FileNotFoundError:
+            entries = []
+        prefix = name + "."
+        tails = sorted(int(e[len(prefix):]) for e in entries
+                       if e.startswith(prefix) and e[len(prefix):].isdigit())
+        return _size(self.path), tails
+
+    def read(self, offset: int, limit: int = 1 << 20) -> list[tuple[int, bytes, int]]:
+        """Whole records from ``offset``: (stream, data, offset after it)."""
+        head, tails = self.segments()
+        if tails and head <= offset < tails[0]:
+            return [(pb.OUTPUT_STREAM_STDERR, self._cut_notice(tails[0] - offset), tails[0])]
+        start = max([0, *(t for t in tails if t <= offset)])
+        try:
+            with open(self._segment_path(start), "rb") as f:
+                if offset - start >= os.fstat(f.fileno()).st_size:
+                    return []
+                f.seek(offset - start)
+                blob = f.read(limit)
+        except FileNotFoundError:
+            return [] if start == 0 else self.read(offset, limit)   # dropped meanwhile
+        out = []
+        pos = 0
+        while pos + _FRAME.size <= len(blob):
+            stream, length = _FRAME.unpack_from(blob, pos)
+            end = pos + _FRAME.size + length
+            if end > len(blob):
+                if not out and length + _FRAME.size > limit:    # a record larger than a read
+                    return self.read(offset, length + _FRAME.size)
+                break
+            out.append((stream, blob[pos + _FRAME.size:end], offset + end))
+            pos = end
+        return out
+
+    def _cut_notice(self, cut: int) -> bytes:
+        return (f"\n[remote_tpu: about {cut:,} bytes of host {self.host}'s output were cut "
+                f"here: the agent keeps the first and the last {self.max_bytes // 2:,} bytes "
+                "of each host's log (remote-tpu-agent --max-log-bytes)]\n").encode()

@@ -1,0 +1,40 @@
+"""Sizes that keep every gRPC message under its limit, and the one way text is cut.
+
+gRPC refuses a message over 4 MiB (``MAX_MESSAGE_BYTES``). Anything a reply
+embeds that a user's code controls (exception messages, tracebacks, output
+lines, stacks) is cut to the caps below, where it is made, keeping its head
+and tail and saying in the text itself how much was cut and where the whole
+of it is. Replies that gather many hosts' reports are bounded again as a whole.
+"""
+
+from __future__ import annotations
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024   # gRPC's default limit, ours on both sides
+CHUNK_SIZE = 1 << 20                  # payload, result and output chunks
+
+EXCEPTION_MESSAGE_CHARS = 64 * 1024   # str(exc) in a host's report
+TRACEBACK_CHARS = 64 * 1024           # its formatted traceback
+PICKLED_EXCEPTION_BYTES = 1 << 20     # the exception itself, pickled
+STACKS_CHARS = 256 * 1024             # one host's Python stacks
+DETAIL_CHARS = 4 * 1024               # one-line details and status texts
+JOB_END_BYTES = 2 << 20               # a job's final report, every host together
+LIST_REPLY_BYTES = 3 << 20            # ListJobs and Stacks replies
+
+
+def cut_text(text: str, limit: int, where: str = "") -> str:
+    """``text`` if it fits in ``limit`` characters, else its head and tail
+    around a note that says how much was cut (and ``where`` the whole is)."""
+    if len(text) <= limit:
+        return text
+    note_room = 200 + len(where)
+    keep = max(0, limit - note_room)
+    head, tail = keep * 3 // 4, keep - keep * 3 // 4
+    cut = len(text) - head - tail
+    note = f"\n[... remote_tpu cut {cut:,} of {len(text):,} characters here"
+    note += f"; {where}" if where else ""
+    note += " ...]\n"
+    return text[:head] + note + (text[-tail:] if tail else "")
+
+
+def is_cut(text: str) -> bool:
+    return "[... remote_tpu cut " in text

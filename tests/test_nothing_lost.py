@@ -1,0 +1,405 @@
+"""Nothing lost: every byte of output reaches every reader, replies never pass
+the message limit, stacks never harm a job, the store stays private and bounded,
+and long streams never starve short calls. Real agents on loopback."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import grpc
+import pytest
+
+import remote_tpu
+from conftest import Agents, wait_until
+from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
+from remote_tpu._transport import Credentials, health
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+MB = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def lone():
+    agents = Agents(1, peers=False)
+    yield agents
+    agents.stop()
+
+
+def _on(agents, **kw):
+    return remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0],
+                          token=agents.token, **kw)
+
+
+def _cli(agents, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "remote_tpu", *args, "--hosts",
+                           agents.addresses[0]], capture_output=True, timeout=120,
+                          env={**os.environ, "REMOTE_TPU_TOKEN": agents.token})
+
+
+def _attached(agents, body: str) -> subprocess.CompletedProcess:
+    """Call a function attached in a fresh process; its stdout is the caller's."""
+    code = (f"import sys, remote_tpu\n"
+            f"@remote_tpu.run(accelerator='tpu-v5litepod-4', hosts={agents.addresses[0]!r},"
+            f" token={agents.token!r})\n"
+            f"def job():\n{textwrap.indent(textwrap.dedent(body), '    ')}\n"
+            f"print('returned', job(), file=sys.stderr)\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=240)
+
+
+# ---------------------------------------------------------------- output
+
+@pytest.mark.parametrize("size", [5 * MB, pytest.param(50 * MB, id="50MB")])
+def test_output_written_at_once_reaches_every_reader_whole(lone, size):
+    body = f"""
+        import sys
+        sys.stdout.write("".join(chr(65 + i % 26) for i in range(26)) * ({size} // 26)
+                         + "z" * ({size} % 26))
+        return "done"
+    """
+    expected = ("ABCDEFGHIJKLMNOPQRSTUVWXYZ" * (size // 26) + "z" * (size % 26)).encode()
+    proc = _attached(lone, body)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert b"returned done" in proc.stderr
+    assert proc.stdout == expected, f"caller got {len(proc.stdout)} of {size} bytes"
+
+    @_on(lone)
+    def detached():
+        import sys
+        sys.stdout.write("".join(chr(65 + i % 26) for i in range(26)) * (size // 26)
+                         + "z" * (size % 26))
+        return "done"
+    handle = detached.submit()
+    assert handle.result(timeout=120) == "done"
+    assert handle.logs().encode() == expected
+    assert "".join(handle.logs(follow=True)).encode() == expected
+    cli = _cli(lone, "jobs", "logs", handle.id)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    assert cli.stdout == expected
+
+
+def test_a_million_short_lines_all_reach_the_attached_caller_in_order(lone):
+    proc = _attached(lone, """
+        import sys
+        write = sys.stdout.write
+        for i in range(1_000_000):
+            write(f"{i}\\n")
+        return "done"
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.split(b"\n")
+    assert lines[-1] == b""
+    assert len(lines) - 1 == 1_000_000, f"got {len(lines) - 1} of 1,000,000 lines"
+    assert lines[:-1] == [str(i).encode() for i in range(1_000_000)]
+
+
+def test_output_followed_while_the_job_writes_and_after_it_ended(lone):
+    @_on(lone)
+    def chatty():
+        import time
+        for i in range(200):
+            print("x" * 20_000, i, flush=True)
+            if i % 50 == 0:
+                time.sleep(0.2)
+    handle = chatty.submit()
+    followed = "".join(handle.logs(follow=True))
+    handle.wait(60)
+    assert followed == handle.logs()
+    assert [line.split()[-1] for line in followed.splitlines()] == \
+        [str(i) for i in range(200)]
+
+
+# ---------------------------------------------------------------- large replies
+
+def test_a_2mb_exception_message_comes_back_as_itself_cut_and_saying_where(lone):
+    @_on(lone)
+    def fails():
+        raise ValueError("x" * 2_000_000)
+
+    with pytest.raises(ValueError) as info:
+        fails()
+    message = str(info.value)
+    assert message.startswith("xxxx") and len(message) < 100_000
+    assert "remote_tpu cut" in message and "log" in message
+    handle = fails.submit()
+    with pytest.raises(ValueError, match="remote_tpu cut"):
+        handle.result(timeout=60)
+    assert handle.logs().count("x") >= 2_000_000            # the whole text, in the log
+    assert handle.status().state == "FAILED"
+    listed = remote_tpu.jobs(hosts=lone.addresses[0], token=lone.token)
+    assert handle.id in [j.id for j in listed]
+    cli = _cli(lone, "jobs", "list")
+    assert cli.returncode == 0, cli.stderr[-2000:]
+
+
+def test_an_exception_that_cannot_be_rebuilt_smaller_still_names_its_type(lone):
+    @_on(lone)
+    def fails():
+        class Picky(Exception):
+            def __init__(self, *, code, text):
+                super().__init__(text)
+                self.code = code
+        raise Picky(code=3, text="y" * 3_000_000)
+
+    with pytest.raises(remote_tpu.RemoteError) as info:
+        fails()
+    assert "Picky" in str(info.value) and "remote_tpu cut" in str(info.value)
+
+
+def test_a_job_end_of_many_hosts_fits_one_reply():
+    from remote_tpu._limits import JOB_END_BYTES
+    from remote_tpu_agent._reports import bound_end
+
+    big = "z" * 64 * 1024
+    hosts = [pb.HostReport(host=i, state=pb.HOST_STATE_FAILED, detail="d" * 10_000,
+                           stacks="s" * 256 * 1024, last_lines=["l" * 4096] * 20,
+                           exception=pb.RemoteException(type_name="builtins.ValueError",
+                                                        message=big, traceback=big,
+                                                        pickled=b"p" * (1 << 20)))
+             for i in range(64)]
+    end = pb.JobEnd(state=pb.JOB_STATE_FAILED, root_cause_host=7, hosts=hosts)
+    assert end.ByteSize() > 4 << 20
+    bounded = bound_end(end, "job-1")
+    assert bounded.ByteSize() <= JOB_END_BYTES
+    assert bounded.hosts[7].exception.message == big          # the root cause keeps its own
+    assert bounded.hosts[7].exception.pickled == b"p" * (1 << 20)
+    other = bounded.hosts[3]
+    assert "remote_tpu cut" in other.exception.message and "logs(host=3)" in other.exception.message
+    small = "m" * 2000                          # v5p's largest slice has 1,536 hosts
+    many = pb.JobEnd(state=pb.JOB_STATE_FAILED, root_cause_host=0, hosts=[
+        pb.HostReport(host=i, state=pb.HOST_STATE_FAILED, detail=small, stacks=small,
+                      exception=pb.RemoteException(message=small, traceback=small))
+        for i in range(1536)])
+    bounded = bound_end(many, "job-2")
+    assert bounded.ByteSize() <= JOB_END_BYTES and len(bounded.hosts) == 1536
+    assert bounded.hosts[0].exception.message == small
+
+
+def test_cut_text_at_the_edges():
+    from remote_tpu._limits import cut_text
+
+    assert cut_text("", 10) == ""
+    assert cut_text("a", 1) == "a"
+    exact = "a" * 1000
+    assert cut_text(exact, 1000) == exact
+    over = "a" * 500 + "b" * 501
+    cut = cut_text(over, 1000, "see the log")
+    assert len(cut) <= 1000 and cut.startswith("a") and cut.endswith("b")
+    assert "cut 2" in cut or "cut" in cut and "1,001 characters" in cut and "see the log" in cut
+    huge = cut_text("q" * 10_000_000, 64 * 1024)
+    assert len(huge) <= 64 * 1024 and "10,000,000" in huge
+
+
+# ---------------------------------------------------------------- stacks
+
+def test_stacks_asked_at_any_moment_never_harm_a_job(lone):
+    @_on(lone)
+    def quick():
+        import time
+        time.sleep(1.0)
+        return "ok"
+
+    for delay in (0.0, 0.05, 0.1, 0.3):
+        handle = quick.submit()
+        time.sleep(delay)
+        answers = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            try:
+                answers.append(handle.stacks())
+            except remote_tpu.RemoteTPUError as exc:    # queued or already over
+                answers.append(str(exc))
+            if handle.status().finished:
+                break
+            time.sleep(0.02)
+        assert handle.result(timeout=60) == "ok", answers
+
+
+# ---------------------------------------------------------------- ids, store
+
+def test_a_job_id_with_a_trailing_newline_is_refused(lone):
+    channel = Credentials(token=lone.token).channel(lone.addresses[0])
+    stub = pb_grpc.AgentStub(channel)
+    metadata = ((("x-remote-tpu-token", lone.token)),)
+    for bad in ("job\n", "job\r\n", "\njob"):
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Status(pb.JobRef(job_id=bad), metadata=metadata, timeout=10)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    from remote_tpu._transport import versions_pb
+    spec = pb.JobSpec(client_versions=versions_pb(), job_id="job\n", accelerator="tpu-v5litepod-4",
+                      num_hosts=1, role=pb.ROLE_GATEWAY, payload_size=0,
+                      payload_sha256=b"\0" * 32, stream=pb.STREAM_MODE_LEADER)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Submit(iter([pb.RunRequest(spec=spec)]), metadata=metadata, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "is not valid" in info.value.details()
+    channel.close()
+
+
+def test_the_store_is_owner_only_and_env_values_stay_out_of_replies(lone):
+    @_on(lone, env={"MY_API_KEY": "sk-very-secret-value"})
+    def uses_env():
+        import os
+        return len(os.environ["MY_API_KEY"])
+
+    handle = uses_env.submit()
+    assert handle.result(timeout=60) == len("sk-very-secret-value")
+    state = lone.state_dirs[0]
+    for directory, dirs, files in os.walk(state):
+        mode = stat.S_IMODE(os.stat(directory).st_mode)
+        assert mode == 0o700, f"{directory} is {mode:04o}"
+        for name in files:
+            path = os.path.join(directory, name)
+            mode = stat.S_IMODE(os.stat(path).st_mode)
+            assert mode == 0o600, f"{path} is {mode:04o}"
+    assert os.path.exists(os.path.join(state, "jobs.sqlite-wal"))
+    channel = Credentials(token=lone.token).channel(lone.addresses[0])
+    stub = pb_grpc.AgentStub(channel)
+    metadata = (("x-remote-tpu-token", lone.token),)
+    listed = stub.ListJobs(pb.ListJobsRequest(), metadata=metadata, timeout=10)
+    status = stub.Status(pb.JobRef(job_id=handle.id), metadata=metadata, timeout=10)
+    for reply in (listed, status):
+        assert b"sk-very-secret-value" not in reply.SerializeToString()
+    channel.close()
+
+
+# ---------------------------------------------------------------- full disk
+
+def _tmpfs(path: str, size: str) -> bool:
+    if os.geteuid() != 0:
+        return False
+    os.makedirs(path, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                           path], capture_output=True)
+    return done.returncode == 0
+
+
+def test_a_full_disk_fails_the_job_clearly_and_the_agent_keeps_serving(tmp_path):
+    state = str(tmp_path / "small")
+    if not _tmpfs(state, "6m"):
+        pytest.skip("needs root and tmpfs mounts")
+    agents = None
+    try:
+        agents = Agents(1, peers=False, extra=["--state-dir", state])
+        filler = os.path.join(state, "filler")
+        with open(filler, "wb") as f:          # leave about 1 MB free
+            free = os.statvfs(state).f_bavail * os.statvfs(state).f_frsize
+            f.write(b"\0" * max(0, free - MB))
+
+        @_on(agents)
+        def loud():
+            import sys
+            for _ in range(8):
+                sys.stdout.write("y" * MB)
+            return "done"
+
+        with pytest.raises(remote_tpu.RemoteTPUError) as info:
+            loud()
+        assert f"state dir {state} is full" in str(info.value)
+        assert health(agents.addresses[0],
+                      Credentials(token=agents.token).channel(agents.addresses[0]),
+                      Credentials(token=agents.token), timeout=5).versions.remote_tpu
+        os.unlink(filler)
+
+        @_on(agents)
+        def fine():
+            print("after the disk had room again")
+            return 7
+        assert fine() == 7
+        listed = remote_tpu.jobs(hosts=agents.addresses[0], token=agents.token)
+        assert [j.state for j in listed][:2] == ["SUCCEEDED", "FAILED"]
+    finally:
+        if agents is not None:
+            agents.stop()
+        subprocess.run(["umount", "-l", state], capture_output=True)
+
+
+def test_a_log_over_its_cap_keeps_head_and_tail_and_says_what_was_cut(tmp_path):
+    from remote_tpu_agent._hostlog import HostLog
+
+    log = HostLog(str(tmp_path / "host-0.log"), max_bytes=64 * 1024, host=0)
+    for i in range(1000):
+        log.append(pb.OUTPUT_STREAM_STDOUT, f"{i:05d}".encode() + b"." * 995)
+    got, offset = [], 0
+    while records := log.read(offset):
+        for _, data, offset in records:
+            got.append(data)
+    text = b"".join(got)
+    assert text.startswith(b"00000") and b"00999" in text
+    assert b"were cut here" in text and b"--max-log-bytes" in text
+    kept = sum(os.path.getsize(tmp_path / name) for name in os.listdir(tmp_path))
+    assert kept <= 64 * 1024 + 8 * 1024
+    numbers = [int(chunk[:5]) for chunk in got if chunk[:5].isdigit()]
+    assert numbers == sorted(numbers) and numbers[0] == 0 and numbers[-1] == 999
+
+
+# ---------------------------------------------------------------- threads
+
+def test_two_hundred_followers_never_starve_short_calls():
+    agents = Agents(1, peers=False)
+    stop = threading.Event()
+    try:
+        @_on(agents)
+        def long_job():
+            import time
+            print("started", flush=True)
+            time.sleep(25)
+            return "done"
+        handle = long_job.submit()
+        assert wait_until(lambda: handle.status().state == "RUNNING", 30)
+        outcomes: list[str] = []
+        lock = threading.Lock()
+
+        def follow() -> None:
+            try:
+                for _ in handle.logs(follow=True):
+                    pass
+                result = "ended"
+            except remote_tpu.RemoteTPUError as exc:
+                result = str(exc)
+            with lock:
+                outcomes.append(result)
+
+        threads = [threading.Thread(target=follow, daemon=True) for _ in range(200)]
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: len(outcomes) >= 200 - 128, 60), len(outcomes)
+        refused = [o for o in outcomes if o != "ended"]
+        assert len(refused) == 200 - 128
+        assert all("--max-streams" in o for o in refused), refused[:1]
+        credentials = Credentials(token=agents.token)
+        for _ in range(5):                  # short calls still answer at once
+            started = time.monotonic()
+            health(agents.addresses[0], credentials.channel(agents.addresses[0]),
+                   credentials, attempts=1, timeout=3)
+            assert handle.status().state == "RUNNING"
+            assert time.monotonic() - started < 3
+        handle.cancel()
+        for t in threads:
+            t.join(30)
+        assert outcomes.count("ended") == 128
+    finally:
+        stop.set()
+        agents.stop()
+
+
+def test_the_store_drops_the_oldest_finished_jobs_beyond_its_size(tmp_path):
+    from remote_tpu_agent._store import JobStore
+
+    store = JobStore(str(tmp_path / "state"), keep=100, max_store_bytes=320_000)   # three jobs of ~100 kB
+    for i in range(6):
+        record, _ = store.create(pb.JobSpec(job_id=f"job-{i}"), pb.ROLE_GATEWAY)
+        record.append_output(0, pb.OUTPUT_STREAM_STDOUT, b"o" * 100_000)
+        time.sleep(0.01)                     # created_at orders them
+        record.set_phase(pb.JOB_PHASE_SUCCEEDED)
+    kept = [s.job_id for s in store.list()]
+    assert kept == ["job-5", "job-4", "job-3"], kept
+    assert sorted(os.listdir(tmp_path / "state" / "jobs")) == \
+        ["job-3.gateway", "job-4.gateway", "job-5.gateway"]
+    store.close()
