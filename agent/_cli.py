@@ -272,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.captureWarnings(True)    # e.g. a peer reached without TLS: a log line, once
     if args.simulate_devices < 0:
         parser.error("--simulate-devices must be >= 0")
+    for flag in ("keep_jobs", "max_streams"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got "
+                         f"{getattr(args, flag)}")
     peers = tuple(normalize_address(p) for p in args.peers.split(",") if p.strip())
     try:
         found = discover(port=args.port, worker_id=args.worker_id, peers=peers)
@@ -309,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         max_log_bytes=args.max_log_bytes, max_store_bytes=args.max_store_bytes)
     try:
         server, port, service = create_server(config)
+    except ConfigurationError as exc:
+        print(f"remote-tpu-agent: {exc}", file=sys.stderr)
+        return 2
     except (OSError, RuntimeError) as exc:
         print(f"remote-tpu-agent: cannot listen on {args.host}:{args.port}: {exc}",
               file=sys.stderr)

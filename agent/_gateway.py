@@ -23,6 +23,7 @@ from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._transport import Credentials
 
 from . import _worker
+from ._events import EventQueue
 from ._peers import RemoteHost
 from ._runner import WorkerRun
 from ._tpu import TpuBusy, TpuGuard
@@ -84,7 +85,7 @@ class GatewayJob:
         self.spec = spec
         per_host = processes_per_host(spec)
         self.n = len(hosts) * per_host        # JAX processes; "host" below means one of them
-        self.events: queue.Queue = queue.Queue()
+        self.events = EventQueue()
         self.coordinator = join_host_port(advertise, free_port(advertise))
         self.job_dir = job_dir
         # This host's processes: process 0 (the coordinator) works in job_dir itself.
@@ -138,6 +139,7 @@ class GatewayJob:
                 return
             yield from self._run()
         finally:
+            self.events.close()
             for h in self.handles:
                 h.close()
             if self.tpu is not None:

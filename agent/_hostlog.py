@@ -81,11 +81,18 @@ class HostLog:
         """Store ``data``; raises :class:`StoreFull` when the disk is full (the
         record that did not fit is not stored at all)."""
         with self._lock:
-            if self._fd is None:
-                self._open()
-            for start in range(0, len(data), CHUNK_SIZE):
-                piece = data[start:start + CHUNK_SIZE]
-                self._write(_FRAME.pack(stream, len(piece)) + piece)
+            try:
+                if self._fd is None:
+                    self._open()
+                for start in range(0, len(data), CHUNK_SIZE):
+                    piece = data[start:start + CHUNK_SIZE]
+                    self._write(_FRAME.pack(stream, len(piece)) + piece)
+            except StoreFull:
+                raise
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise StoreFull(exc.errno, f"no space left for {self.path}") from exc
+                raise
 
     def _write(self, frame: bytes) -> None:
         head = self._segment_start == 0
@@ -97,10 +104,8 @@ class HostLog:
         try:
             while view:
                 view = view[os.write(self._fd, view):]
-        except OSError as exc:
+        except OSError:
             os.ftruncate(self._fd, self._size)    # readers would wait for half a record
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreFull(exc.errno, f"no space left for {self.path}") from exc
             raise
         self._size += len(frame)
         self._end += len(frame)
@@ -124,6 +129,11 @@ class HostLog:
         tails = sorted(int(e[len(prefix):]) for e in entries
                        if e.startswith(prefix) and e[len(prefix):].isdigit())
         return _size(self.path), tails
+
+    def end(self) -> int:
+        """The offset after the last record stored so far."""
+        head, tails = self.segments()
+        return tails[-1] + _size(self._segment_path(tails[-1])) if tails else head
 
     def read(self, offset: int, limit: int = 1 << 20) -> list[tuple[int, bytes, int]]:
         """Whole records from ``offset``: (stream, data, offset after it)."""

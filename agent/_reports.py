@@ -18,8 +18,8 @@ _LINE_CHARS = 500
 
 
 def _where(host: int, job_id: str) -> str:
-    return (f"host {host}'s whole output is in its log: handle.logs(host={host}) or "
-            f"`remote-tpu jobs logs {job_id} --host {host}`")
+    return (f"host {host}'s whole traceback is in exception.txt in job {job_id}'s "
+            f"directory on that host; its output: handle.logs(host={host})")
 
 
 def _shrink(report: pb.HostReport, job_id: str, share: int) -> None:

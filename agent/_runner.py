@@ -31,7 +31,13 @@ log = logging.getLogger(__name__)
 Emit = Callable[[pb.Event], None]
 # Once the worker's process group is gone its pipes end at once, unless a
 # process that left the group (setsid) holds them.
-_ESCAPED_HOLDER_WAIT = 5.0
+_ESCAPED_HOLDER_WAIT = 2.0      # below the gateway's _SETTLE_SECONDS
+
+
+def _text(value: object) -> str:
+    """A string protobuf accepts (lone surrogates, say from an undecodable file
+    name in a message, are escaped)."""
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class WorkerRun:
@@ -158,7 +164,8 @@ class WorkerRun:
 
         def deliver(data: bytes) -> None:
             if data:
-                self._tail.feed(data)
+                with self._lock:        # both pipes feed one tail
+                    self._tail.feed(data)
                 self._emit_output(stream, noise.feed(data))
             else:
                 self._emit_output(stream, noise.flush())
@@ -180,17 +187,19 @@ class WorkerRun:
 
     def _await_eof(self) -> None:
         """After the process group is gone, its pipes end; a process that left
-        the group (setsid) may still hold them: stop reading after a while, and say so."""
+        the group (setsid) may still hold them: stop reading them after a
+        while (less than the gateway's settle time), and say so."""
         deadline = time.monotonic() + _ESCAPED_HOLDER_WAIT
-        for pump in self._pumps:
-            if not pump.eof.wait(max(0.0, deadline - time.monotonic())):
-                pump.stop()
-                self._emit(pb.Event(host=self.host, output=pb.Output(
-                    stream=pb.OUTPUT_STREAM_STDERR,
-                    data=b"\n[remote_tpu: a process that left the worker's process group "
-                         b"still holds its output open; nothing it writes from here on is "
-                         b"collected]\n")))
-                return
+        held = [pump for pump in self._pumps
+                if not pump.eof.wait(max(0.0, deadline - time.monotonic()))]
+        for pump in held:
+            pump.stop()
+        if held:
+            self._emit(pb.Event(host=self.host, output=pb.Output(
+                stream=pb.OUTPUT_STREAM_STDERR,
+                data=b"\n[remote_tpu: a process that left the worker's process group "
+                     b"still holds its output open; nothing it writes from here on is "
+                     b"collected]\n")))
 
     def _read_status(self) -> None:
         try:
@@ -218,6 +227,16 @@ class WorkerRun:
             outcome = {"state": "failed", "phase": "reporting",
                        "exception": {"type_name": "OSError", "message": str(exc),
                                      "traceback": "", "pickled": ""}}
+        try:
+            report = self._report_of(outcome)
+        except Exception as exc:  # noqa: BLE001 - a host that finished must say so
+            log.exception("host %d: unreadable outcome", self.host)
+            report = self._report_of({"state": "failed", "phase": "reporting", "exception": {
+                "type_name": type(exc).__name__, "message": f"unreadable outcome: {exc!r}",
+                "traceback": "", "pickled": ""}})
+        self._emit(pb.Event(host=self.host, done=report))
+
+    def _report_of(self, outcome: dict) -> pb.HostReport:
         with self._lock:
             if outcome.get("state") == "succeeded":
                 self.result_sha256 = bytes.fromhex(outcome.get("result_sha256", ""))
@@ -230,13 +249,14 @@ class WorkerRun:
                 self.report.detail = (f"raised {exc.get('type_name', '?')} while "
                                       f"{outcome.get('phase', 'running')}")
                 self.report.exception.CopyFrom(pb.RemoteException(
-                    type_name=exc.get("type_name", ""), message=exc.get("message", ""),
-                    traceback=exc.get("traceback", ""),
+                    type_name=_text(exc.get("type_name", "")),
+                    message=_text(exc.get("message", "")),
+                    traceback=_text(exc.get("traceback", "")),
                     pickled=bytes.fromhex(exc.get("pickled", "")),
                 ))
             report = pb.HostReport()
             report.CopyFrom(self.report)
-        self._emit(pb.Event(host=self.host, done=report))
+        return report
 
     def _wait_exit(self) -> None:
         assert self.proc is not None

@@ -8,7 +8,6 @@ import errno
 import hashlib
 import logging
 import os
-import queue
 import re
 import tempfile
 import threading
@@ -19,7 +18,7 @@ import grpc
 from remote_tpu._options import join_host_port
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._limits import CHUNK_SIZE, LIST_REPLY_BYTES
+from remote_tpu._limits import CHUNK_SIZE, DETAIL_CHARS, LIST_REPLY_BYTES, cut_text
 from remote_tpu._serialization import check_compatible
 from remote_tpu._topology import Topology
 from remote_tpu._auth import TLS
@@ -29,6 +28,7 @@ from remote_tpu._version import PROTOCOL_VERSION, local_versions
 
 from . import _worker
 from ._discovery import MetadataServer, Slice, advertise_address
+from ._events import EventQueue
 from ._gateway import GatewayJob
 from ._guard import TokenInterceptor
 from ._runner import WorkerRun
@@ -269,7 +269,7 @@ class AgentService(pb_grpc.AgentServicer):
         record = self.store.get(job_id) if _JOB_ID.fullmatch(job_id) else None
         if record is None:
             context.abort(grpc.StatusCode.NOT_FOUND,
-                          f"the agent at {self.endpoint} has no job {job_id!r} (finished "
+                          f"the agent at {self.endpoint} has no job {cut_text(job_id, 200)!r} (finished "
                           f"jobs are kept: the newest {self.config.keep_jobs})")
         return record
 
@@ -322,12 +322,16 @@ class AgentService(pb_grpc.AgentServicer):
         ``follow`` the end as it is now, with it the job's end (every byte
         written before the job finished is sent before the end)."""
         position = {h: (offsets[i] if i < len(offsets) else 0) for i, h in enumerate(hosts)}
+        # Without follow, a running job's logs are read up to where they end now.
+        stop = None if follow or record.finished else {h: record.log(h).end() for h in hosts}
         while context.is_active():
             with record.changed:
                 finished = record.finished
                 version = record.version
             sent = False
             for h in hosts:
+                if stop is not None and position[h] >= stop[h]:
+                    continue
                 for stream, data, offset in record.log(h).read(position[h]):
                     position[h] = offset
                     sent = True
@@ -356,7 +360,8 @@ class AgentService(pb_grpc.AgentServicer):
     @staticmethod
     def _abort(context: grpc.ServicerContext, refused: _Refused) -> None:
         context.set_trailing_metadata(((ERROR_KIND_KEY, refused.kind),))
-        context.abort(refused.code, refused.message)
+        # Status details travel as metadata: gRPC refuses more than 16 KiB of it.
+        context.abort(refused.code, cut_text(refused.message, DETAIL_CHARS))
 
     def _checked_spec(self, requests: Iterator[pb.RunRequest], context: grpc.ServicerContext,
                       role: int | None) -> pb.JobSpec:
@@ -392,7 +397,8 @@ class AgentService(pb_grpc.AgentServicer):
             raise _Refused(grpc.StatusCode.FAILED_PRECONDITION, "version", str(exc)) from None
         if not _JOB_ID.fullmatch(spec.job_id):
             raise _Refused(grpc.StatusCode.INVALID_ARGUMENT, "config",
-                           f"job id {spec.job_id!r} is not valid: use 1-64 letters, digits, "
+                           f"job id {cut_text(spec.job_id, 200)!r} is not valid: use 1-64 "
+                           "letters, digits, "
                            "'.', '_' or '-', starting with a letter or digit")
         if spec.payload_size > self.config.max_payload_bytes:
             raise _Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, "config",
@@ -530,7 +536,7 @@ class AgentService(pb_grpc.AgentServicer):
                 self._peer_slot.notify_all()
 
     def _peer_events(self, spec, requests, record: JobRecord, context) -> Iterator[pb.Event]:
-        events: queue.Queue = queue.Queue()
+        events = EventQueue()
         run = WorkerRun(host=spec.process_id, job_dir=record.dir,
                         env=self._env_for(spec, spec.process_id, spec.coordinator_address),
                         emit=events.put, forward_output=True)
@@ -581,6 +587,7 @@ class AgentService(pb_grpc.AgentServicer):
                         final = pb.JOB_PHASE_PREEMPTED
                     return
         finally:
+            events.close()
             run.close()
             run.finished.wait(5)
             self._peer_runs.pop((spec.job_id, spec.process_id), None)

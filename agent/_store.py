@@ -13,9 +13,11 @@ import logging
 import os
 import shutil
 import sqlite3
+import stat
 import threading
 import time
 
+from remote_tpu._exceptions import ConfigurationError
 from remote_tpu._limits import DETAIL_CHARS, cut_text
 from remote_tpu._proto import remote_tpu_pb2 as pb
 
@@ -117,6 +119,19 @@ class JobRecord:
             self.store.prune()
 
 
+def _check_own(state_dir: str) -> None:
+    """The state directory is the agent's own: made 0700, so never a shared one."""
+    try:
+        st = os.stat(state_dir)
+    except FileNotFoundError:
+        return
+    if st.st_uid != os.geteuid() or st.st_mode & stat.S_ISVTX:
+        raise ConfigurationError(
+            f"--state-dir {state_dir} is not this agent's own directory (it is shared, "
+            "or owned by another user) and would be made private to this user: give the "
+            "agent a directory of its own, e.g. ~/.local/state/remote_tpu/agent-PORT")
+
+
 class JobStore:
     """The records of one agent's jobs, owner-only (directories 0700, files
     0600): they hold job specs, ``env=`` values among them."""
@@ -128,6 +143,7 @@ class JobStore:
         self.keep = keep
         self.max_log_bytes = max_log_bytes
         self.max_store_bytes = max_store_bytes
+        _check_own(state_dir)
         for directory in (state_dir, os.path.join(state_dir, "jobs")):
             os.makedirs(directory, mode=0o700, exist_ok=True)
             os.chmod(directory, 0o700)

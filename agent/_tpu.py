@@ -114,9 +114,11 @@ class TpuGuard:
         return {pid: path for pid, path in _holders(self._paths()).items()
                 if not _descends_from(pid, os.getpid())}
 
-    def _remove_stale_lock(self, holders: dict[int, str]) -> None:
+    def _remove_stale_lock(self) -> None:
+        """Remove the lock file when no live process holds it, ours included (a
+        running worker of this agent holds it while it uses the TPU)."""
         lock = os.path.realpath(self.lockfile) if self.lockfile else ""
-        if lock and os.path.exists(lock) and lock not in holders.values():
+        if lock and os.path.exists(lock) and not _holders({lock}):
             try:
                 os.unlink(lock)
                 log.warning("removed %s: no live process held it (left by a dead one)", lock)
@@ -130,7 +132,7 @@ class TpuGuard:
     def busy(self) -> str:
         """Why a job could not start here now, or "" (stale locks are removed)."""
         holders = self._foreign()
-        self._remove_stale_lock(holders)
+        self._remove_stale_lock()
         if holders and not self.kill_holders:
             return (f"the TPU is in use by a process that is not remote_tpu's: "
                     f"{self.describe(holders)}. Stop it, or start the agent with "
@@ -140,7 +142,7 @@ class TpuGuard:
     def prepare(self) -> None:
         """Before a job: clear stale locks; kill or refuse foreign holders."""
         holders = self._foreign()
-        self._remove_stale_lock(holders)
+        self._remove_stale_lock()
         if not holders:
             return
         if not self.kill_holders:
@@ -157,11 +159,11 @@ class TpuGuard:
         left = self._foreign()
         if left:
             raise TpuBusy(f"could not free the TPU: {self.describe(left)}")
-        self._remove_stale_lock({})
+        self._remove_stale_lock()
 
     def release(self) -> None:
         """After a job (its worker's group is gone): no lock is left behind."""
-        self._remove_stale_lock(self._foreign())
+        self._remove_stale_lock()
 
 
 class NoTpu(TpuGuard):

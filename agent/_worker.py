@@ -40,6 +40,7 @@ STACKS_FILE = "stacks.txt"      # SIGUSR1 appends every thread's Python stack he
 STACKS_SIGNAL = signal.SIGUSR1
 RESULT_FILE = "result.bin"
 OUTCOME_FILE = "outcome.json"
+EXCEPTION_FILE = "exception.txt"   # the whole traceback, when the report had to cut it
 STATUS_READY = b"S"             # worker -> agent: the stacks handler is in place
 STATUS_DONE = b"D"
 CONTROL_RELEASE = b"R"
@@ -122,24 +123,23 @@ def _write_json_atomic(path: str, obj: dict) -> None:
     os.replace(tmp, path)
 
 
-def _describe_failure(exc: BaseException, process_id: int) -> dict:
-    """The exception for the outcome file, cut to what a report can carry. When
-    it had to be cut, the whole traceback goes to stderr, that is to this
-    host's log, and the cut text says so."""
-    from remote_tpu import _serialization
+def _describe_failure(exc: BaseException, process_id: int, job_dir: str) -> dict:
+    """The exception for the outcome file, cut to what a report can carry. The
+    whole traceback goes to a file of the job on this host, which a cut text
+    names (not to the output: a retry loop around a huge exception would flood
+    its caller)."""
+    from remote_tpu._remote_exception import describe_exception
 
-    job = os.environ.get("REMOTE_TPU_JOB_ID", "JOB")
-    where = (f"the whole traceback is in host {process_id}'s log: "
-             f"handle.logs(host={process_id}) or `remote-tpu jobs logs {job} "
-             f"--host {process_id}`")
+    path = os.path.join(job_dir, EXCEPTION_FILE)
+    where = f"the whole text is in {path} on host {process_id}"
     full = _user_traceback(exc)
-    info = _serialization.describe_exception(exc, traceback_text=full, where=where)
-    if info["cut"]:
-        try:
-            sys.stderr.write(full)
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001 - the report itself is what matters
-            pass
+    info = describe_exception(exc, traceback_text=full, where=where)
+    try:
+        with open(path, "w", errors="backslashreplace", opener=_private) as f:
+            f.write(full)
+    except OSError as err:
+        if info["cut"]:
+            info["message"] += f"\n[remote_tpu: could not write {path}: {err.strerror}]"
     return info
 
 
@@ -210,7 +210,7 @@ def main() -> None:
             outcome["result_sha256"] = digest.hexdigest()
         del value
     except BaseException as exc:  # noqa: BLE001 - everything is reported
-        info = _describe_failure(exc, process_id)
+        info = _describe_failure(exc, process_id, job_dir)
         outcome = {
             "state": "failed",
             "phase": phase,

@@ -188,13 +188,18 @@ def _retrying(gateway: str) -> tenacity.Retrying:
         before_sleep=lambda state: _retry_notice(gateway, state))
 
 
+_TLS_WORDS = ("ssl", "handshake", "certificate", "tsi_")
+
+
 def _unavailable(exc: BaseException) -> bool:
-    """The connection was refused: nothing listens there (yet), as while an
-    agent restarts. Not a TLS failure or a closed socket (a client without TLS
-    at a TLS agent, or mutual TLS refusing it): asking again would not help."""
+    """No connection could be made, so nothing reached the agent: it is not
+    listening (yet), as while it restarts, or an SSH tunnel to it accepted and
+    closed. Not a TLS failure, which asking again would not mend."""
     if not isinstance(exc, grpc.RpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
         return False
-    return "connection refused" in (exc.details() or "").lower()
+    details = (exc.details() or "").lower()
+    return "failed to connect to all addresses" in details and \
+        not any(word in details for word in _TLS_WORDS)
 
 
 def _retry_notice(gateway: str, state: tenacity.RetryCallState) -> None:

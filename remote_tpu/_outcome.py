@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from ._exceptions import JobFailedError, JobTimeoutError, RemoteError, RemoteTraceback
 from ._proto import remote_tpu_pb2 as pb
-from ._serialization import rebuild_exception
+from ._remote_exception import rebuild_exception
 
 _STATE_WORDS = {
     pb.HOST_STATE_PENDING: "never started",

@@ -29,7 +29,6 @@ import struct
 import sys
 import sysconfig
 import threading
-import traceback
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -37,8 +36,7 @@ from typing import Any
 import cloudpickle
 
 from ._exceptions import SerializationError, VersionMismatchError
-from ._limits import (CHUNK_SIZE, EXCEPTION_MESSAGE_CHARS, PICKLED_EXCEPTION_BYTES,
-                      TRACEBACK_CHARS, cut_text)
+from ._limits import CHUNK_SIZE
 from ._version import local_versions
 
 MAGIC = b"RTPU"
@@ -200,74 +198,6 @@ def check_compatible(remote: Mapping[str, Any], *, sender: str) -> None:
 
 
 # ----------------------------------------------------------------- exceptions
-
-
-def _pickle_exception(exc: BaseException) -> bytes:
-    """``exc`` pickled so that it loads again here (so it will there), or b""."""
-    try:
-        pickled = pickle.dumps(exc, protocol=5)
-        pickle.loads(pickled)        # an exception that cannot round-trip here won't there
-        return pickled
-    except Exception:  # noqa: BLE001
-        try:
-            return cloudpickle.dumps(exc, protocol=5)
-        except Exception:  # noqa: BLE001
-            return b""
-
-
-def _smaller_exception(exc: BaseException, where: str) -> bytes:
-    """The same exception class with its text arguments cut, pickled; b"" if
-    the class cannot be rebuilt from its arguments alone."""
-    cls = type(exc)
-    args = tuple(cut_text(a, EXCEPTION_MESSAGE_CHARS, where) if isinstance(a, str) else a
-                 for a in exc.args)
-    try:
-        smaller = cls.__new__(cls)
-        smaller.args = args
-        pickled = pickle.dumps(smaller, protocol=5)
-        pickle.loads(pickled)
-    except Exception:  # noqa: BLE001
-        return b""
-    return pickled if len(pickled) <= PICKLED_EXCEPTION_BYTES else b""
-
-
-def describe_exception(exc: BaseException, *, traceback_text: str | None = None,
-                       where: str = "") -> dict[str, Any]:
-    """The wire form of an exception raised by user code, every part cut to
-    what a report can carry (``cut`` says whether anything was; ``where``
-    tells the reader where the whole text is)."""
-    tb = traceback_text if traceback_text is not None else \
-        "".join(traceback.format_exception(exc))
-    cls = type(exc)
-    message = _safe_str(exc)
-    pickled = _pickle_exception(exc)
-    if len(pickled) > PICKLED_EXCEPTION_BYTES:
-        pickled = _smaller_exception(exc, where)
-    return {
-        "type_name": f"{cls.__module__}.{cls.__qualname__}",
-        "message": cut_text(message, EXCEPTION_MESSAGE_CHARS, where),
-        "traceback": cut_text(tb, TRACEBACK_CHARS, where),
-        "pickled": pickled,
-        "cut": len(message) > EXCEPTION_MESSAGE_CHARS or len(tb) > TRACEBACK_CHARS,
-    }
-
-
-def rebuild_exception(pickled: bytes) -> BaseException | None:
-    """The exception itself, or None when its class cannot be rebuilt here."""
-    if not pickled:
-        return None
-    try:
-        exc = pickle.loads(pickled)
-    except Exception:  # noqa: BLE001
-        return None
-    return exc if isinstance(exc, BaseException) else None
-
-
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)
-    except Exception:  # noqa: BLE001
-        return f"<str() of {type(exc).__name__} failed>"
 
 
 # ------------------------------------------------------------- local modules

@@ -193,3 +193,32 @@ def test_upload_deadline_grows_with_the_payload():
     # the advertised limit (16 GiB) fits at 1 MB/s, not only at 28 MB/s
     assert upload_deadline(16 * GiB) >= 16 * GiB / 1_000_000
     assert 16 * GiB / upload_deadline(16 * GiB) <= 1_000_000
+
+
+@pytest.mark.slow
+def test_a_tunnel_that_accepts_and_closes_while_its_agent_is_down_is_retried(tmp_path,
+                                                                            capsys):
+    # `ssh -L` accepts a connection and closes it when nothing listens behind it.
+    import socket
+    port, token = free_port(), new_token()
+    listener = socket.create_server(("127.0.0.1", port))
+    listener.settimeout(0.1)
+
+    def tunnel_without_agent(until: float) -> None:
+        while time.monotonic() < until:
+            try:
+                conn, _ = listener.accept()
+                conn.close()
+            except OSError:
+                pass
+        listener.close()
+    threading.Thread(target=tunnel_without_agent, args=(time.monotonic() + 2.0,),
+                     daemon=True).start()
+    agent = _LateAgent(port, token, delay=2.3, state_dir=str(tmp_path))
+    try:
+        f = remote_tpu.run(accelerator=ACCELERATOR, hosts=f"127.0.0.1:{port}", token=token)(
+            _answer)
+        assert f() == 42
+    finally:
+        agent.stop()
+    assert capsys.readouterr().err.count(NOTICE) == 1

@@ -126,11 +126,15 @@ def test_a_2mb_exception_message_comes_back_as_itself_cut_and_saying_where(lone)
         fails()
     message = str(info.value)
     assert message.startswith("xxxx") and len(message) < 100_000
-    assert "remote_tpu cut" in message and "log" in message
+    assert "remote_tpu cut" in message and "exception.txt" in message
     handle = fails.submit()
-    with pytest.raises(ValueError, match="remote_tpu cut"):
+    with pytest.raises(ValueError, match="remote_tpu cut") as again:
         handle.result(timeout=60)
-    assert handle.logs().count("x") >= 2_000_000            # the whole text, in the log
+    assert handle.logs() == ""                  # no flood of the caller's output
+    path = os.path.join(lone.state_dirs[0], "jobs", f"{handle.id}.gateway", "exception.txt")
+    assert f"the whole text is in {path} on host 0" in str(again.value)
+    with open(path) as f:
+        assert f.read().count("x") >= 2_000_000            # the whole text, where it says
     assert handle.status().state == "FAILED"
     listed = remote_tpu.jobs(hosts=lone.addresses[0], token=lone.token)
     assert handle.id in [j.id for j in listed]
@@ -170,7 +174,8 @@ def test_a_job_end_of_many_hosts_fits_one_reply():
     assert bounded.hosts[7].exception.message == big          # the root cause keeps its own
     assert bounded.hosts[7].exception.pickled == b"p" * (1 << 20)
     other = bounded.hosts[3]
-    assert "remote_tpu cut" in other.exception.message and "logs(host=3)" in other.exception.message
+    assert "remote_tpu cut" in other.exception.message
+    assert "exception.txt" in other.exception.message
     small = "m" * 2000                          # v5p's largest slice has 1,536 hosts
     many = pb.JobEnd(state=pb.JOB_STATE_FAILED, root_cause_host=0, hosts=[
         pb.HostReport(host=i, state=pb.HOST_STATE_FAILED, detail=small, stacks=small,
@@ -403,3 +408,66 @@ def test_the_store_drops_the_oldest_finished_jobs_beyond_its_size(tmp_path):
     assert sorted(os.listdir(tmp_path / "state" / "jobs")) == \
         ["job-3.gateway", "job-4.gateway", "job-5.gateway"]
     store.close()
+
+
+def test_an_exception_message_that_is_not_valid_utf8_comes_back_at_once(lone):
+    @_on(lone, timeout=60)
+    def undecodable():
+        raise ValueError("bad file /tmp/\udcff")     # an f-string of an undecodable path
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="bad file /tmp/"):
+        undecodable()
+    assert time.monotonic() - started < 30
+
+
+def test_logs_without_follow_stop_at_the_end_as_it_is_now(lone):
+    @_on(lone)
+    def endless():
+        import sys
+        import time
+        while True:
+            sys.stdout.write("w" * 1_000_000 + "\n")
+            time.sleep(0.01)
+
+    handle = endless.submit()
+    try:
+        assert wait_until(lambda: len(handle.logs()) > 3_000_000, 60)
+        started = time.monotonic()
+        first = handle.logs()
+        assert time.monotonic() - started < 10
+        assert first.endswith("\n") and len(first) >= 3_000_000
+    finally:
+        handle.cancel()
+
+
+def test_output_waiting_for_its_reader_is_bounded_and_control_events_never_wait():
+    import queue
+
+    from remote_tpu_agent._events import EventQueue
+
+    events = EventQueue(max_output_bytes=3 << 20)
+    block = pb.Event(host=0, output=pb.Output(stream=1, data=b"o" * (1 << 20)))
+    put = []
+
+    def producer() -> None:
+        for _ in range(10):
+            events.put(block)
+            put.append(1)
+    threading.Thread(target=producer, daemon=True).start()
+    assert wait_until(lambda: len(put) == 3, 5)
+    time.sleep(0.3)
+    assert len(put) == 3                            # the writer waits for its reader
+    events.put(pb.Event(host=0, done=pb.HostReport(host=0)))    # never waits
+    for _ in range(3):
+        assert events.get(timeout=1).HasField("output")
+    assert wait_until(lambda: len(put) == 6, 5)
+    events.close()                                  # nobody reads any more: no one waits
+    assert wait_until(lambda: len(put) == 10, 5)
+    kinds = []
+    while True:
+        try:
+            kinds.append(events.get(timeout=0.1).WhichOneof("kind"))
+        except queue.Empty:
+            break
+    assert "done" in kinds

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import run_python
 from remote_tpu import SerializationError, VersionMismatchError
+from remote_tpu import _remote_exception as remote_exception
 from remote_tpu import _serialization as ser
 
 
@@ -164,10 +165,10 @@ def test_exception_round_trip_and_unbuildable():
     try:
         raise KeyError("missing")
     except KeyError as exc:
-        info = ser.describe_exception(exc)
+        info = remote_exception.describe_exception(exc)
     assert info["type_name"] == "builtins.KeyError"
     assert "raise KeyError" in info["traceback"]
-    assert isinstance(ser.rebuild_exception(info["pickled"]), KeyError)
-    assert ser.rebuild_exception(pickle.dumps(ValueError("x"))[:-3]) is None
-    assert ser.rebuild_exception(b"") is None
+    assert isinstance(remote_exception.rebuild_exception(info["pickled"]), KeyError)
+    assert remote_exception.rebuild_exception(pickle.dumps(ValueError("x"))[:-3]) is None
+    assert remote_exception.rebuild_exception(b"") is None
 

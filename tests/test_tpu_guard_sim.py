@@ -4,6 +4,8 @@ the machine's real TPU lock and devices (issue item 11). A real agent still does
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -110,4 +112,36 @@ def test_an_agent_that_does_not_simulate_still_guards_the_tpu(tpu_files):
         assert holder.poll() is None and lock.exists()
     finally:
         _stop(holder)
+        agents.stop()
+
+
+@pytest.mark.slow
+def test_a_lock_held_by_the_agents_own_worker_is_never_taken_for_stale(tpu_files):
+    from remote_tpu._transport import Credentials, health
+
+    lock, _ = tpu_files
+    agents = _agent(tpu_files, 0)
+    try:
+        @remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0],
+                        token=agents.token)
+        def use_the_tpu(path):
+            import os
+            import time
+            held = open(path, "a")         # as libtpu holds its lock while it runs
+            time.sleep(3)
+            still = os.path.exists(path)
+            held.close()
+            return still
+
+        result = []
+        worker = threading.Thread(target=lambda: result.append(use_the_tpu(str(lock))))
+        worker.start()
+        credentials = Credentials(token=agents.token)
+        while worker.is_alive():          # Health asks the guard whether the TPU is busy
+            health(agents.addresses[0], credentials.channel(agents.addresses[0]),
+                   credentials, attempts=1)
+            time.sleep(0.1)
+        worker.join()
+        assert result == [True]
+    finally:
         agents.stop()
