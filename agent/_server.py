@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -99,6 +100,10 @@ class AgentService(pb_grpc.AgentServicer):
         self.store = JobStore(self.state_dir, keep=config.keep_jobs,
                               max_log_bytes=config.max_log_bytes,
                               max_store_bytes=config.max_store_bytes)
+        # Uploads in progress; what an earlier agent left there died with it.
+        self._incoming = os.path.join(self.state_dir, "incoming")
+        shutil.rmtree(self._incoming, ignore_errors=True)
+        os.makedirs(self._incoming, mode=0o700, exist_ok=True)
         self.tpu = TpuGuard.for_agent(config.simulate_devices, config.tpu_lockfile,
                                       config.tpu_devices, config.kill_tpu_holders)
         self.scheduler = Scheduler(self._make_job)
@@ -290,9 +295,7 @@ class AgentService(pb_grpc.AgentServicer):
             hosts = self._hosts_for(spec)
         except _Refused as r:
             self._abort(context, r)
-        incoming = os.path.join(self.state_dir, "incoming")
-        os.makedirs(incoming, mode=0o700, exist_ok=True)
-        fd, path = tempfile.mkstemp(dir=incoming, prefix=spec.job_id)
+        fd, path = tempfile.mkstemp(dir=self._incoming, prefix=spec.job_id)
         os.close(fd)
         try:
             self._receive_payload(spec, requests, path, context)

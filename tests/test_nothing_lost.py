@@ -471,3 +471,18 @@ def test_output_waiting_for_its_reader_is_bounded_and_control_events_never_wait(
         except queue.Empty:
             break
     assert "done" in kinds
+
+
+def test_uploads_left_by_an_agent_that_died_are_removed_when_it_starts_again(tmp_path):
+    state = tmp_path / "state"
+    (state / "incoming").mkdir(parents=True, mode=0o700)
+    left = state / "incoming" / "job-abc123"
+    left.write_bytes(b"half a payload")
+    agents = Agents(1, peers=False, extra=["--state-dir", str(state)])
+    try:
+        assert not left.exists()
+        assert stat.S_IMODE(os.stat(state / "incoming").st_mode) == 0o700
+        assert _on(agents)(lambda: 5)() == 5
+        assert os.listdir(state / "incoming") == []
+    finally:
+        agents.stop()
