@@ -81,10 +81,6 @@ class AgentConfig:
         return Credentials(token=self.token, tls=tls, keepalive=self.peer_timeout)
 
 
-def _private(path: str, flags: int) -> int:
-    return os.open(path, flags, 0o600)
-
-
 class _Refused(Exception):
     def __init__(self, code: grpc.StatusCode, kind: str, message: str) -> None:
         super().__init__(message)
@@ -470,7 +466,7 @@ class AgentService(pb_grpc.AgentServicer):
                        path: str, context: grpc.ServicerContext) -> None:
         received = 0
         digest = hashlib.sha256()
-        with open(path, "wb", opener=_private) as f:
+        with open(path, "wb", opener=_worker.private) as f:
             while received < spec.payload_size:
                 req = next(requests, None)
                 if req is None or not req.HasField("payload_chunk"):

@@ -111,14 +111,14 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def _private(path: str, flags: int) -> int:
+def private(path: str, flags: int) -> int:
     """Open for ``os.fdopen``: files of a job are its owner's only (0600)."""
     return os.open(path, flags, 0o600)
 
 
 def _write_json_atomic(path: str, obj: dict) -> None:
     tmp = path + ".tmp"
-    with open(tmp, "w", opener=_private) as f:
+    with open(tmp, "w", opener=private) as f:
         json.dump(obj, f)
     os.replace(tmp, path)
 
@@ -135,7 +135,7 @@ def _describe_failure(exc: BaseException, process_id: int, job_dir: str) -> dict
     full = _user_traceback(exc)
     info = describe_exception(exc, traceback_text=full, where=where)
     try:
-        with open(path, "w", errors="backslashreplace", opener=_private) as f:
+        with open(path, "w", errors="backslashreplace", opener=private) as f:
             f.write(full)
     except OSError as err:
         if info["cut"]:
@@ -174,7 +174,7 @@ def main() -> None:
 
     # On demand (and on timeout) the agent asks where every thread is; this works
     # even while the main thread is stuck inside a C call or a collective.
-    stacks_file = open(os.path.join(job_dir, STACKS_FILE), "a", opener=_private)
+    stacks_file = open(os.path.join(job_dir, STACKS_FILE), "a", opener=private)
     faulthandler.register(STACKS_SIGNAL, file=stacks_file, all_threads=True)
     os.write(status_fd, STATUS_READY)
 
@@ -203,7 +203,7 @@ def main() -> None:
             phase = "pickling the return value"
             payload = _serialization.dumps(value, what="the return value")
             digest = hashlib.sha256()
-            with open(os.path.join(job_dir, RESULT_FILE), "wb", opener=_private) as f:
+            with open(os.path.join(job_dir, RESULT_FILE), "wb", opener=private) as f:
                 for part in payload.parts:
                     f.write(part)
                     digest.update(part)
