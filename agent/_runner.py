@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from remote_tpu._limits import CHUNK_SIZE, STACKS_CHARS, cut_text
+from remote_tpu._limits import CHUNK_SIZE, STACKS_CHARS, cut_text, valid_text
 from remote_tpu._proto import remote_tpu_pb2 as pb
 
 from . import _worker
@@ -32,12 +32,6 @@ Emit = Callable[[pb.Event], None]
 # Once the worker's process group is gone its pipes end at once, unless a
 # process that left the group (setsid) holds them.
 _ESCAPED_HOLDER_WAIT = 2.0      # below the gateway's _SETTLE_SECONDS
-
-
-def _text(value: object) -> str:
-    """A string protobuf accepts (lone surrogates, say from an undecodable file
-    name in a message, are escaped)."""
-    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class WorkerRun:
@@ -249,9 +243,9 @@ class WorkerRun:
                 self.report.detail = (f"raised {exc.get('type_name', '?')} while "
                                       f"{outcome.get('phase', 'running')}")
                 self.report.exception.CopyFrom(pb.RemoteException(
-                    type_name=_text(exc.get("type_name", "")),
-                    message=_text(exc.get("message", "")),
-                    traceback=_text(exc.get("traceback", "")),
+                    type_name=valid_text(exc.get("type_name", "")),
+                    message=valid_text(exc.get("message", "")),
+                    traceback=valid_text(exc.get("traceback", "")),
                     pickled=bytes.fromhex(exc.get("pickled", "")),
                 ))
             report = pb.HostReport()

@@ -146,15 +146,18 @@ class AgentService(pb_grpc.AgentServicer):
             context: grpc.ServicerContext) -> Iterator[pb.Event]:
         spec = self._checked_spec(request_iterator, context, None)
         if spec.role == pb.ROLE_PEER:
-            release = self.peer_streams.take(context, self.endpoint)
-            try:
-                yield from self._run_peer(spec, request_iterator, context)
-            finally:
-                release()
+            yield from self._in_slot(self.peer_streams, context,
+                                     self._run_peer(spec, request_iterator, context))
             return
-        release = self.streams.take(context, self.endpoint)
+        yield from self._in_slot(self.streams, context,
+                                 self._run_attached(spec, request_iterator, context))
+
+    def _in_slot(self, slots: Slots, context: grpc.ServicerContext,
+                 events: Iterator[pb.Event]) -> Iterator[pb.Event]:
+        """``events``, streamed while holding one of ``slots`` (refused without one)."""
+        release = slots.take(context, self.endpoint)
         try:
-            yield from self._run_attached(spec, request_iterator, context)
+            yield from events
         finally:
             release()
 
@@ -183,23 +186,15 @@ class AgentService(pb_grpc.AgentServicer):
         if bad:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"job {record.job_id} has processes 0-{count - 1}, not {bad[0]}")
-        release = self.streams.take(context, self.endpoint)
-        try:
-            yield from self._watch(record, hosts, list(request.offsets), request.follow,
-                                   context, with_end=True)
-        finally:
-            release()
+        yield from self._in_slot(self.streams, context, self._watch(
+            record, hosts, list(request.offsets), request.follow, context, with_end=True))
 
     def Result(self, request: pb.JobRef, context: grpc.ServicerContext) -> Iterator[pb.Event]:
         record = self._known(request.job_id, context)
         if not record.finished:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"job {record.job_id} has not finished yet")
-        release = self.streams.take(context, self.endpoint)
-        try:
-            yield from self._result(record)
-        finally:
-            release()
+        yield from self._in_slot(self.streams, context, self._result(record))
 
     def Status(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.JobStatus:
         return self._status(self._known(request.job_id, context))
@@ -270,8 +265,8 @@ class AgentService(pb_grpc.AgentServicer):
         record = self.store.get(job_id) if _JOB_ID.fullmatch(job_id) else None
         if record is None:
             context.abort(grpc.StatusCode.NOT_FOUND,
-                          f"the agent at {self.endpoint} has no job {cut_text(job_id, 200)!r} (finished "
-                          f"jobs are kept: the newest {self.config.keep_jobs})")
+                          f"the agent at {self.endpoint} has no job {cut_text(job_id, 200)!r} "
+                          f"(finished jobs are kept: the newest {self.config.keep_jobs})")
         return record
 
     @staticmethod

@@ -36,5 +36,7 @@ def cut_text(text: str, limit: int, where: str = "") -> str:
     return text[:head] + note + (text[-tail:] if tail else "")
 
 
-def is_cut(text: str) -> bool:
-    return "[... remote_tpu cut " in text
+def valid_text(text: object) -> str:
+    """Text protobuf accepts: lone surrogates (an undecodable file name in an
+    exception message, say) escaped."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")

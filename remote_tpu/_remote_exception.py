@@ -13,7 +13,7 @@ from typing import Any
 import cloudpickle
 
 from ._limits import (EXCEPTION_MESSAGE_CHARS, PICKLED_EXCEPTION_BYTES, TRACEBACK_CHARS,
-                      cut_text)
+                      cut_text, valid_text)
 
 
 def _pickle_exception(exc: BaseException) -> bytes:
@@ -65,11 +65,6 @@ def _smaller_exception(exc: BaseException, where: str) -> bytes:
     return pickled if len(pickled) <= PICKLED_EXCEPTION_BYTES else b""
 
 
-def _clean(text: str) -> str:
-    """Valid UTF-8 text: lone surrogates (an undecodable file name) escaped."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def describe_exception(exc: BaseException, *, traceback_text: str | None = None,
                        where: str = "") -> dict[str, Any]:
     """The wire form of an exception raised by user code, every part cut to
@@ -89,9 +84,9 @@ def describe_exception(exc: BaseException, *, traceback_text: str | None = None,
                     ("its large arguments were cut]" if pickled else
                      "it could not be sent as itself]"))
     return {
-        "type_name": _clean(f"{cls.__module__}.{cls.__qualname__}"),
-        "message": _clean(cut_text(message, EXCEPTION_MESSAGE_CHARS, where)),
-        "traceback": _clean(cut_text(tb, TRACEBACK_CHARS, where)),
+        "type_name": valid_text(f"{cls.__module__}.{cls.__qualname__}"),
+        "message": valid_text(cut_text(message, EXCEPTION_MESSAGE_CHARS, where)),
+        "traceback": valid_text(cut_text(tb, TRACEBACK_CHARS, where)),
         "pickled": pickled,
         "cut": shrunk or len(message) > EXCEPTION_MESSAGE_CHARS or len(tb) > TRACEBACK_CHARS,
     }

@@ -397,7 +397,8 @@ def test_two_hundred_followers_never_starve_short_calls():
 def test_the_store_drops_the_oldest_finished_jobs_beyond_its_size(tmp_path):
     from remote_tpu_agent._store import JobStore
 
-    store = JobStore(str(tmp_path / "state"), keep=100, max_store_bytes=320_000)   # three jobs of ~100 kB
+    # room for three jobs of ~100 kB
+    store = JobStore(str(tmp_path / "state"), keep=100, max_store_bytes=320_000)
     for i in range(6):
         record, _ = store.create(pb.JobSpec(job_id=f"job-{i}"), pb.ROLE_GATEWAY)
         record.append_output(0, pb.OUTPUT_STREAM_STDOUT, b"o" * 100_000)
