@@ -180,3 +180,12 @@ def tpu_files(tmp_path):
     device = tmp_path / "accel0"
     device.write_text("")
     return lock, device
+
+
+def terminate_all(procs: list[subprocess.Popen], timeout: float = 15) -> None:
+    """SIGTERM every process at once, then reap each and close its stdout."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait(timeout)
+        proc.stdout.close()

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import remote_tpu
-from conftest import free_port, live_workers, wait_until
+from conftest import free_port, live_workers, terminate_all, wait_until
 from remote_tpu._auth import TOKEN_ENV, new_token
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -241,8 +241,4 @@ def test_collective_across_namespaces_each_with_its_own_hostname(two_hosts, tmp_
         # The client sat on host w1, asked worker 1, and was sent to worker 0.
         assert done.stdout.strip() == "w1 (['0', '1'], 4)"
     finally:
-        for proc in agents:
-            proc.terminate()
-        for proc in agents:
-            proc.wait(15)
-            proc.stdout.close()
+        terminate_all(agents, 15)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import remote_tpu
 from certs import CA
-from conftest import Agents, free_port
+from conftest import Agents, free_port, terminate_all
 from remote_tpu._auth import TOKEN_METADATA_KEY, new_token
 from remote_tpu._proto import remote_tpu_pb2 as pb
 from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
@@ -366,11 +366,7 @@ def test_plaintext_warnings_go_to_stderr_and_the_agent_log_once(tmp_path):
         assert refused.returncode != 0
         assert "refusing to connect without TLS" in refused.stdout + refused.stderr
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
-            proc.stdout.close()
+        terminate_all(procs, 10)
 
 
 # ------------------------------------------------------- hostile input
