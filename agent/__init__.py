@@ -4,6 +4,6 @@ Installed from the ``agent/`` source directory under the name
 ``remote_tpu_agent`` so it cannot collide with anything in a user's environment.
 """
 
-from remote_tpu._version import __version__
+from remote_tpu._core.versions import __version__
 
 __all__ = ["__version__"]

@@ -17,15 +17,16 @@ import sys
 import tempfile
 import threading
 
-from remote_tpu._auth import (TOKEN_ENV, check_token, default_token_file, is_loopback,
-                              new_token, read_token_file, write_token_file)
-from remote_tpu._exceptions import ConfigurationError
-from remote_tpu._options import DEFAULT_AGENT_PORT, normalize_address
-from remote_tpu._version import __version__
+from remote_tpu._core.addresses import DEFAULT_AGENT_PORT, is_loopback, normalize_address
+from remote_tpu._core.auth import (TOKEN_ENV, check_token, default_token_file, new_token,
+                                   read_token_file, write_token_file)
+from remote_tpu._core.exceptions import ConfigurationError
+from remote_tpu._core.versions import __version__
 
 from ._discovery import discover
 from ._hostlog import DEFAULT_MAX_LOG_BYTES
-from ._server import AgentConfig, create_server
+from ._config import AgentConfig
+from ._server import create_server
 from ._store import DEFAULT_MAX_STORE_BYTES
 from ._tpu import DEFAULT_DEVICES, DEFAULT_LOCKFILE
 

@@ -26,9 +26,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 
-from remote_tpu._exceptions import ConfigurationError
-from remote_tpu._options import join_host_port
-from remote_tpu._topology import Topology
+from remote_tpu._core.exceptions import ConfigurationError
+from remote_tpu._core.addresses import join_host_port
+from remote_tpu._core.topology import Topology
 
 log = logging.getLogger(__name__)
 

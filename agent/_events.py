@@ -14,7 +14,7 @@ import collections
 import queue
 import threading
 
-from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 MAX_OUTPUT_BYTES = 16 << 20
 

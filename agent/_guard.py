@@ -6,7 +6,7 @@ import logging
 
 import grpc
 
-from remote_tpu._auth import TOKEN_METADATA_KEY, tokens_match
+from remote_tpu._core.auth import TOKEN_METADATA_KEY, tokens_match
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import os
 import struct
 import threading
 
-from remote_tpu._limits import CHUNK_SIZE
-from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._core.limits import CHUNK_SIZE
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 _FRAME = struct.Struct("<BI")    # output stream, length
 _TAIL_SEGMENTS = 4

@@ -1,7 +1,7 @@
 """Reports that gather every host's, bounded so that a reply always fits.
 
 Each host's report is already cut where it is made (the worker cuts its
-exception, the runner its stacks and last lines, see ``remote_tpu._limits``).
+exception, the runner its stacks and last lines, see ``remote_tpu._core.limits``).
 A job's final report gathers all of them: the root cause keeps all of its own,
 the others are cut further when the whole would not fit, each cut saying so.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from remote_tpu._limits import DETAIL_CHARS, JOB_END_BYTES, LIST_REPLY_BYTES, cut_text
-from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._core.limits import DETAIL_CHARS, JOB_END_BYTES, LIST_REPLY_BYTES, cut_text
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 _LAST_LINES_KEPT = 5
 _LINE_CHARS = 500

@@ -18,8 +18,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from remote_tpu._limits import CHUNK_SIZE, STACKS_CHARS, cut_text, valid_text
-from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._core.limits import CHUNK_SIZE, STACKS_CHARS, cut_text, valid_text
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from . import _worker
 from ._output import NoiseFilter, Tail

@@ -13,13 +13,14 @@ import os
 import threading
 from collections.abc import Callable
 
-from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu._core.states import PHASE_OF_END
 
 from . import _worker
-from ._gateway import GatewayJob
+from ._gateway_job import GatewayJob
 from ._hostlog import StoreFull
 from ._reports import bound_end
-from ._store import PHASE_OF_END, JobRecord
+from ._store import JobRecord
 
 log = logging.getLogger(__name__)
 

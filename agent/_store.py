@@ -17,24 +17,15 @@ import stat
 import threading
 import time
 
-from remote_tpu._exceptions import ConfigurationError
-from remote_tpu._limits import DETAIL_CHARS, cut_text
-from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._core.exceptions import ConfigurationError
+from remote_tpu._core.limits import DETAIL_CHARS, cut_text
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu._core.states import FINISHED, phase_name
 
 from ._hostlog import DEFAULT_MAX_LOG_BYTES, HostLog, StoreFull
 
 log = logging.getLogger(__name__)
 
-FINISHED = frozenset({pb.JOB_PHASE_SUCCEEDED, pb.JOB_PHASE_FAILED, pb.JOB_PHASE_CANCELLED,
-                      pb.JOB_PHASE_TIMED_OUT, pb.JOB_PHASE_LOST, pb.JOB_PHASE_PREEMPTED})
-PHASE_OF_END = {
-    pb.JOB_STATE_SUCCEEDED: pb.JOB_PHASE_SUCCEEDED,
-    pb.JOB_STATE_FAILED: pb.JOB_PHASE_FAILED,
-    pb.JOB_STATE_CANCELLED: pb.JOB_PHASE_CANCELLED,
-    pb.JOB_STATE_TIMED_OUT: pb.JOB_PHASE_TIMED_OUT,
-    pb.JOB_STATE_LOST: pb.JOB_PHASE_LOST,
-    pb.JOB_STATE_PREEMPTED: pb.JOB_PHASE_PREEMPTED,
-}
 DEFAULT_MAX_STORE_BYTES = 32 << 30
 
 
@@ -179,7 +170,7 @@ class JobStore:
                          (pb.JOB_PHASE_QUEUED, pb.JOB_PHASE_RUNNING))
         for job_id, role, spec, status in rows:
             record = self._record(job_id, role, spec, status)
-            was = pb.JobPhase.Name(record.status.phase).removeprefix("JOB_PHASE_").lower()
+            was = phase_name(record.status.phase).lower()
             log.warning("job %s was %s when this agent stopped: marked lost", job_id, was)
             record.status.phase = pb.JOB_PHASE_LOST
             record.status.ended_at = time.time()

@@ -128,7 +128,7 @@ def _describe_failure(exc: BaseException, process_id: int, job_dir: str) -> dict
     whole traceback goes to a file of the job on this host, which a cut text
     names (not to the output: a retry loop around a huge exception would flood
     its caller)."""
-    from remote_tpu._remote_exception import describe_exception
+    from remote_tpu._core.remote_exceptions import describe_exception
 
     path = os.path.join(job_dir, EXCEPTION_FILE)
     where = f"the whole text is in {path} on host {process_id}"
@@ -162,7 +162,7 @@ def _silence_output() -> None:
 
 
 def main() -> None:
-    from remote_tpu import _serialization
+    from remote_tpu._core import serialization as _serialization
 
     job_dir = os.environ[ENV_JOB_DIR]
     control_fd = int(os.environ[ENV_CONTROL_FD])

@@ -35,10 +35,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from remote_tpu._options import join_host_port
-from remote_tpu._proto import remote_tpu_pb2 as pb
-from remote_tpu._topology import Topology
-from remote_tpu._transport import _host_of
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu._core.topology import Topology
+from remote_tpu._core.addresses import host_of, join_host_port
 
 from . import _worker
 
@@ -192,7 +191,7 @@ def slice_host_addresses(spec: pb.JobSpec, coordinator: str) -> list[str]:
         return ["localhost"]
     if len(spec.hosts) != spec.num_hosts:
         return []
-    return [_host_of(coordinator), *(_host_of(h) for h in spec.hosts[1:])]
+    return [host_of(coordinator), *(host_of(h) for h in spec.hosts[1:])]
 
 
 def _tpu_variables(base: Mapping[str, str], spec: pb.JobSpec, process_id: int,

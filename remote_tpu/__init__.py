@@ -8,16 +8,16 @@
 Importing remote_tpu does not import jax.
 """
 
-from ._auth import TLS
+from ._core.auth import TLS
 from ._decorator import RemoteFunction, run
-from ._exceptions import (AgentUnavailableError, AuthenticationError, ConfigurationError,
+from ._core.exceptions import (AgentUnavailableError, AuthenticationError, ConfigurationError,
                           JobFailedError,
                           JobTimeoutError, RemoteError, RemoteTPUError, RemoteTraceback,
                           SerializationError, VersionMismatchError)
 from ._jobs import JobHandle, JobStatus, attach, jobs
 from ._options import JaxTimeouts
-from ._topology import Topology
-from ._version import __version__
+from ._core.topology import Topology
+from ._core.versions import __version__
 
 __all__ = [
     "AgentUnavailableError",

@@ -9,22 +9,27 @@ import os
 import signal
 import sys
 
-from ._exceptions import RemoteTPUError
-from ._version import local_versions
+from ._core.exceptions import RemoteTPUError
+from ._core.addresses import HOSTS_ENV
+from ._core.versions import local_versions
+
+
+def _hosts_arg(value: str) -> str | list[str] | None:
+    """``--hosts a,b`` -> ``["a", "b"]``, ``--hosts a`` -> ``"a"``, ``""`` -> None
+    (``$REMOTE_TPU_HOSTS``)."""
+    entries = [h.strip() for h in value.split(",") if h.strip()]
+    return entries[0] if len(entries) == 1 else (entries or None)
 
 
 def _version(args: argparse.Namespace) -> int:
     out = {"client": local_versions()}
     if args.hosts:
-        from ._options import normalize_address
-        from ._transport import Credentials, health
+        from ._core.channels import health
+        from ._target import resolve_target
 
-        address = normalize_address(args.hosts.split(",")[0])
-        credentials = Credentials.for_client()
-        with credentials.channel(address) as channel:
-            reply = health(address, channel, credentials)
-        v = reply.versions
-        out["agent"] = {"address": address, "protocol": v.protocol,
+        target = resolve_target(_hosts_arg(args.hosts))
+        v = target.call(lambda t: health(t.gateway, t.credentials)).versions
+        out["agent"] = {"address": target.gateway, "protocol": v.protocol,
                         "remote_tpu": v.remote_tpu, "python": v.python,
                         "cloudpickle": v.cloudpickle, "jax": v.jax}
     print(json.dumps(out, indent=2))
@@ -33,7 +38,7 @@ def _version(args: argparse.Namespace) -> int:
 
 def _local(args: argparse.Namespace) -> int:
     from ._local_slice import get_local_slice, stop_local_slices
-    from ._topology import Topology
+    from ._core.topology import Topology
 
     topology = Topology.parse(args.accelerator)
     s = get_local_slice(topology)
@@ -55,7 +60,7 @@ def _jobs(args: argparse.Namespace) -> int:
 
     from ._jobs import attach, jobs
 
-    hosts = args.hosts or None
+    hosts = _hosts_arg(args.hosts)
     if args.action == "list":
         rows = jobs(hosts)
         print(f"{'JOB':<44} {'STATE':<10} {'ACCELERATOR':<18} {'CREATED':<19} DETAIL")
@@ -88,8 +93,8 @@ def _jobs(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from ._doctor import doctor, format_table
 
-    hosts = [h for h in (args.hosts or os.environ.get("REMOTE_TPU_HOSTS", "")).split(",") if h]
-    if not hosts:
+    hosts = _hosts_arg(args.hosts)
+    if hosts is None and not os.environ.get(HOSTS_ENV):
         print("remote-tpu doctor: give the slice's gateway address (or any agent of it), "
               "e.g. `remote-tpu doctor 10.0.0.2`", file=sys.stderr)
         return 2

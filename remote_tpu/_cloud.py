@@ -11,51 +11,13 @@ another endpoint than https://tpu.googleapis.com (a test stand-in, say).
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import urllib.parse
 
-from ._exceptions import ConfigurationError
-from ._options import DEFAULT_AGENT_PORT, join_host_port
+from ._core.exceptions import ConfigurationError
+from ._core.addresses import TpuRef, join_host_port
 
-SCHEME = "tpu://"
 API_ENV = "REMOTE_TPU_TPU_API"
 _DEFAULT_API = "https://tpu.googleapis.com"
-
-
-@dataclasses.dataclass(frozen=True)
-class TpuRef:
-    name: str
-    zone: str
-    project: str
-    port: int
-    external: bool
-
-    @classmethod
-    def parse(cls, url: str) -> TpuRef:
-        parsed = urllib.parse.urlparse(url)
-        query = dict(urllib.parse.parse_qsl(parsed.query))
-        name = parsed.netloc
-        unknown = set(query) - {"zone", "project", "port", "external"}
-        if parsed.scheme != "tpu" or not name or parsed.path not in ("", "/") or unknown:
-            raise ConfigurationError(
-                f"{url!r} is not a TPU reference of the form "
-                "'tpu://NAME?zone=ZONE[&project=PROJECT][&port=PORT][&external=1]'"
-                + (f" (unknown option {sorted(unknown)[0]!r})" if unknown else ""))
-        if not query.get("zone"):
-            raise ConfigurationError(f"{url!r} needs ?zone=..., the TPU's zone "
-                                     "(e.g. us-central2-b)")
-        try:
-            port = int(query.get("port", DEFAULT_AGENT_PORT))
-        except ValueError:
-            raise ConfigurationError(f"{url!r}: port {query['port']!r} is not a number") \
-                from None
-        return cls(name=name, zone=query["zone"], project=query.get("project", ""),
-                   port=port, external=query.get("external", "") in ("1", "true", "yes"))
-
-
-def is_tpu_url(hosts: object) -> bool:
-    return isinstance(hosts, str) and hosts.startswith(SCHEME)
 
 
 def _session_and_project(project: str):

@@ -6,11 +6,11 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from ._auth import TLS
-from ._exceptions import ConfigurationError
+from ._core.auth import TLS
+from ._core.exceptions import ConfigurationError
 from ._jobs import JobHandle
 from ._options import JaxTimeouts, RunOptions, resolve
-from ._topology import Topology
+from ._core.topology import Topology
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -31,7 +31,7 @@ class RemoteFunction(Generic[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         from ._client import call, new_job_id
-        from ._serialization import dumps_call
+        from ._core.serialization import dumps_call
 
         payload = dumps_call(self._fn, args, kwargs)   # fails here, before sending
         return call(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
@@ -40,7 +40,7 @@ class RemoteFunction(Generic[P, R]):
         """Start the job and return its handle at once; it keeps running when
         this process ends (except on a local slice, which ends with it)."""
         from ._client import new_job_id, submit
-        from ._serialization import dumps_call
+        from ._core.serialization import dumps_call
 
         payload = dumps_call(self._fn, args, kwargs)
         return submit(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
@@ -51,7 +51,7 @@ class RemoteFunction(Generic[P, R]):
 
     def __repr__(self) -> str:
         o = self.options
-        where = "local slice" if o.local else ", ".join(o.hosts)
+        where = "local slice" if o.local else ", ".join(o.hosts.entries)
         return f"<remote_tpu function {self.__qualname__} on {o.topology.name} ({where})>"
 
 

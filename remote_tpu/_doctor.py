@@ -4,36 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grpc
-
-from ._auth import TLS
-from ._cloud import is_tpu_url
-from ._cloud import resolve as resolve_tpu
-from ._options import normalize_address
-from ._proto import remote_tpu_pb2 as pb
-from ._proto import remote_tpu_pb2_grpc as pb_grpc
-from ._topology import Topology
-from ._transport import Credentials, error_from_rpc
-from ._version import local_versions
+from ._core.auth import TLS
+from ._core.exceptions import RemoteTPUError
+from ._core.proto import remote_tpu_pb2 as pb
+from ._core.topology import Topology
+from ._core.versions import differences
+from ._target import resolve_target
 
 
-def doctor(hosts: Sequence[str], token: str | None = None, tls: TLS | None = None
-           ) -> tuple[list[list[str]], list[str]]:
-    """(table rows, problems) for the slice behind ``hosts[0]``."""
-    if is_tpu_url(hosts[0]):
-        hosts = resolve_tpu(hosts[0])[0]
-    addresses = [normalize_address(h) for h in hosts]
-    gateway = addresses[0]
-    credentials = Credentials.for_client(token, tls)
-    with credentials.channel(gateway) as channel:
-        try:
-            reply = pb_grpc.AgentStub(channel).Doctor(
-                pb.DoctorRequest(hosts=addresses if len(addresses) > 1 else []), timeout=30,
-                metadata=credentials.metadata)
-        except grpc.RpcError as exc:
-            err = error_from_rpc(exc, gateway)
-            return [[ "?", gateway, "NO", "", "", "", "", "", str(err)]], [str(err)]
-    mine = local_versions()
+def doctor(hosts: str | Sequence[str] | None, token: str | None = None,
+           tls: TLS | None = None) -> tuple[list[list[str]], list[str]]:
+    """(table rows, problems) for the slice behind ``hosts`` (any agent of it)."""
+    target = resolve_target(hosts, token=token, tls=tls)
+    try:
+        reply = target.call(lambda t: t.stub().Doctor(
+            pb.DoctorRequest(hosts=t.hosts), timeout=30, metadata=t.credentials.metadata))
+    except RemoteTPUError as err:       # the gateway itself is the problem: one row
+        return [["?", target.gateway, "NO", "", "", "", "", "", str(err)]], [str(err)]
     rows, problems = [], []
     accelerators = set()
     for h in reply.hosts:
@@ -42,18 +29,7 @@ def doctor(hosts: Sequence[str], token: str | None = None, tls: TLS | None = Non
             problems.append(f"host {h.host} ({h.address}): {h.error}")
             continue
         v = h.health.versions
-        notes = []
-        for name, theirs in (("remote_tpu", v.remote_tpu), ("python", v.python),
-                             ("jax", v.jax), ("cloudpickle", v.cloudpickle)):
-            ours = str(mine[name])
-            if name == "python":
-                same = theirs.split(".")[:2] == ours.split(".")[:2]
-            else:
-                same = theirs == ours
-            if not same and not (name == "jax" and not ours):
-                notes.append(f"{name} {theirs} (here {ours})")
-        if v.protocol != mine["protocol"]:
-            notes.append(f"protocol {v.protocol} (here {mine['protocol']})")
+        notes = differences(v, releases=True)
         if h.health.tpu_busy:
             notes.append(h.health.tpu_busy)
         if h.health.accelerator:

@@ -10,20 +10,15 @@ from typing import Any
 
 import grpc
 
-from ._auth import TLS
-from ._cloud import is_tpu_url
-from ._cloud import resolve as resolve_tpu
-from ._exceptions import ConfigurationError, JobTimeoutError, RemoteTPUError
-from ._options import LOCAL, parse_hosts
-from ._proto import remote_tpu_pb2 as pb
-from ._proto import remote_tpu_pb2_grpc as pb_grpc
+from ._core.auth import TLS
+from ._core.channels import error_from_rpc
+from ._core.exceptions import ConfigurationError, JobTimeoutError
+from ._core.proto import remote_tpu_pb2 as pb
+from ._core.states import FINISHED_NAMES, phase_name
+from ._outcome import outcome
 from ._render import OutputRenderer
-from ._topology import Topology
-from ._transport import Credentials, error_from_rpc, shared_channel
+from ._target import Target, resolve_target
 
-STATES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "LOST",
-          "PREEMPTED")
-FINISHED = frozenset(STATES[2:])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,11 +39,11 @@ class JobStatus:
 
     @property
     def finished(self) -> bool:
-        return self.state in FINISHED
+        return self.state in FINISHED_NAMES
 
     @classmethod
     def from_pb(cls, s: pb.JobStatus) -> JobStatus:
-        return cls(id=s.job_id, state=pb.JobPhase.Name(s.phase).removeprefix("JOB_PHASE_"),
+        return cls(id=s.job_id, state=phase_name(s.phase),
                    accelerator=s.accelerator, hosts=s.num_hosts, created_at=s.created_at,
                    started_at=s.started_at or None, ended_at=s.ended_at or None,
                    detail=s.detail, queued_behind=s.queued_behind or None,
@@ -62,37 +57,28 @@ class JobHandle:
     reach the gateway and holds the slice's token.
     """
 
-    def __init__(self, job_id: str, *, gateway: str, credentials: Credentials,
-                 accelerator: str = "", local: bool = False) -> None:
+    def __init__(self, job_id: str, target: Target, *, accelerator: str = "") -> None:
         self._id = job_id
-        self._gateway = gateway
-        self._credentials = credentials
+        self._target = target
         self._accelerator = accelerator
-        self._local = local
-        self._stub = pb_grpc.AgentStub(shared_channel(gateway, credentials))
 
     @property
     def id(self) -> str:
         return self._id
 
     def __repr__(self) -> str:
-        return f"<remote_tpu.JobHandle {self._id} at {self._gateway}>"
+        return f"<remote_tpu.JobHandle {self._id} at {self._target.gateway}>"
 
     def _call(self, method: str, request: Any, **kwargs: Any) -> Any:
-        try:
-            return getattr(self._stub, method)(request, metadata=self._credentials.metadata,
-                                               **kwargs)
-        except grpc.RpcError as exc:
-            raise self._error(exc) from None
+        return self._target.call(lambda t: getattr(t.stub(), method)(
+            request, metadata=t.credentials.metadata, **kwargs))
 
-    def _error(self, exc: grpc.RpcError) -> RemoteTPUError:
-        if exc.code() == grpc.StatusCode.NOT_FOUND:
-            return RemoteTPUError(f"{exc.details()}. Check the job id and hosts=.")
-        err = error_from_rpc(exc, self._gateway)
-        if self._local and exc.code() == grpc.StatusCode.UNAVAILABLE:
-            return RemoteTPUError(f"{err} (a local slice lives only as long as the process "
-                                  "that started it)")
-        return err
+    def _error(self, exc: grpc.RpcError) -> Exception:
+        return self._target.explain(error_from_rpc(exc, self._target.gateway))
+
+    def _stream(self, method: str, request: Any, **kwargs: Any) -> Any:
+        return getattr(self._target.stub(), method)(
+            request, metadata=self._target.credentials.metadata, **kwargs)
 
     def status(self) -> JobStatus:
         return JobStatus.from_pb(self._call("Status", pb.JobRef(job_id=self._id), timeout=30))
@@ -116,7 +102,7 @@ class JobHandle:
     def _texts(self, request: pb.WatchRequest) -> Iterator[str]:
         import codecs
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        stream = self._stub.Watch(request, metadata=self._credentials.metadata)
+        stream = self._stream("Watch", request)
         try:
             for event in stream:
                 if event.HasField("output"):
@@ -138,8 +124,7 @@ class JobHandle:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                for _ in self._stub.Watch(request, metadata=self._credentials.metadata,
-                                          timeout=left):
+                for _ in self._stream("Watch", request, timeout=left):
                     pass
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -156,13 +141,10 @@ class JobHandle:
     def result(self, timeout: float | None = None) -> Any:
         """The value process 0 returned, or the remote exception re-raised, as
         for a blocking call. Can be asked again."""
-        from ._client import outcome
-
         self.wait(timeout)
-        stream = self._stub.Result(pb.JobRef(job_id=self._id),
-                                   metadata=self._credentials.metadata)
-        return outcome(stream, OutputRenderer("none"), gateway=self._gateway, job_id=self._id,
-                       accelerator=self._accelerator_name())
+        stream = self._stream("Result", pb.JobRef(job_id=self._id))
+        return outcome(stream, OutputRenderer("none"), gateway=self._target.gateway,
+                       job_id=self._id, accelerator=self._accelerator_name())
 
     def cancel(self) -> JobStatus:
         """Stop the job on every host (a queued job simply leaves the queue)."""
@@ -175,24 +157,10 @@ class JobHandle:
         return {h.host: h.text for h in reply.hosts}
 
 
-def _gateway(hosts: str | Sequence[str] | None, token: str | None,
-             tls: TLS | None) -> tuple[str, Credentials]:
-    addresses = parse_hosts(hosts, Topology.parse("tpu-v5litepod-1"), check_count=False)
-    if is_tpu_url(addresses[0]):
-        addresses = tuple(resolve_tpu(addresses[0])[0])
-    if addresses == (LOCAL,):
-        raise ConfigurationError(
-            "a local slice lives only as long as the process that started it: use the "
-            "JobHandle that submit() returned there, or run agents with "
-            "`remote-tpu local` / `remote-tpu-agent` and pass their addresses as hosts=")
-    return addresses[0], Credentials.for_client(token, tls)
-
-
 def attach(job_id: str, hosts: str | Sequence[str] | None = None, *, token: str | None = None,
            tls: TLS | None = None) -> JobHandle:
     """The handle of a job started elsewhere (another process, another machine)."""
-    gateway, credentials = _gateway(hosts, token, tls)
-    handle = JobHandle(job_id, gateway=gateway, credentials=credentials)
+    handle = JobHandle(job_id, resolve_target(hosts, token=token, tls=tls))
     handle._accelerator = handle.status().accelerator     # fails now if there is no such job
     return handle
 
@@ -200,14 +168,11 @@ def attach(job_id: str, hosts: str | Sequence[str] | None = None, *, token: str 
 def jobs(hosts: str | Sequence[str] | None = None, *, token: str | None = None,
          tls: TLS | None = None, limit: int = 0) -> list[JobStatus]:
     """The jobs the gateway knows, newest first."""
-    gateway, credentials = _gateway(hosts, token, tls)
-    with credentials.channel(gateway) as channel:
-        try:
-            reply = pb_grpc.AgentStub(channel).ListJobs(
-                pb.ListJobsRequest(limit=limit), metadata=credentials.metadata, timeout=30)
-        except grpc.RpcError as exc:
-            raise error_from_rpc(exc, gateway) from None
+    target = resolve_target(hosts, token=token, tls=tls)
+    reply = target.call(lambda t: t.stub().ListJobs(
+        pb.ListJobsRequest(limit=limit), metadata=t.credentials.metadata, timeout=30))
     if reply.omitted:
-        warnings.warn(f"the agent at {gateway} left out its {reply.omitted} oldest jobs to keep "
-                      "its reply small: pass limit= to list fewer, newest first", stacklevel=2)
+        warnings.warn(f"the agent at {target.gateway} left out its {reply.omitted} oldest "
+                      "jobs to keep its reply small: pass limit= to list fewer, newest first",
+                      stacklevel=2)
     return [JobStatus.from_pb(s) for s in reply.jobs]

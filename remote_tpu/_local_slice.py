@@ -19,10 +19,10 @@ import tempfile
 import threading
 import time
 
-from ._auth import TOKEN_ENV, new_token
-from ._exceptions import AgentUnavailableError
-from ._topology import Topology
-from ._transport import Credentials
+from ._core.auth import TOKEN_ENV, new_token
+from ._core.exceptions import AgentUnavailableError
+from ._core.topology import Topology
+from ._core.channels import Credentials
 
 log = logging.getLogger(__name__)
 

@@ -11,15 +11,12 @@ import re
 import warnings
 from collections.abc import Mapping, Sequence
 
-from ._auth import TLS, check_token
-from ._exceptions import ConfigurationError
-from ._topology import Topology
+from ._core.auth import TLS, check_token
+from ._core.addresses import Hosts, parse_hosts
+from ._core.exceptions import ConfigurationError
+from ._core.topology import Topology
 
-DEFAULT_AGENT_PORT = 8475
-LOCAL = "local"
 STREAM_MODES = ("leader", "all", "none")
-_ADDRESS = re.compile(
-    r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+))(?::(?P<port>\d+))?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY",
                           re.IGNORECASE)
@@ -35,7 +32,7 @@ class JaxTimeouts:
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
     topology: Topology
-    hosts: tuple[str, ...]          # ("local",) or agent addresses, first = gateway
+    hosts: Hosts                    # local, tpu://..., or agent addresses (first = gateway)
     timeout: float | None
     stream: str
     env: tuple[tuple[str, str], ...]
@@ -46,7 +43,7 @@ class RunOptions:
 
     @property
     def local(self) -> bool:
-        return self.hosts == (LOCAL,)
+        return self.hosts.local
 
 
 def _from_env(name: str) -> str | None:
@@ -54,58 +51,11 @@ def _from_env(name: str) -> str | None:
     return value if value not in (None, "") else None
 
 
-def join_host_port(host: str, port: int) -> str:
-    """``("::1", 80)`` -> ``"[::1]:80"``; IPv4 addresses and names stay as they are."""
-    host = host.strip("[]")
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def normalize_address(address: str) -> str:
-    """``"10.0.0.2"`` -> ``"10.0.0.2:8475"``; raises ConfigurationError when malformed."""
-    if not isinstance(address, str):
-        raise ConfigurationError(
-            f"a host address must be a string 'ip[:port]', got {type(address).__name__} "
-            f"{address!r}")
-    m = _ADDRESS.match(address.strip())
-    if not m:
-        raise ConfigurationError(
-            f"host address {address!r} is not of the form 'ip[:port]' (for example "
-            f"'10.0.0.2', '10.0.0.2:{DEFAULT_AGENT_PORT}' or '[::1]:{DEFAULT_AGENT_PORT}')")
-    port = int(m.group("port") or DEFAULT_AGENT_PORT)
-    if not 0 < port < 65536:
-        raise ConfigurationError(f"host address {address!r}: port {port} is not in 1-65535")
-    return join_host_port(m.group("v6") or m.group("host"), port)
-
-
-def parse_hosts(hosts: str | Sequence[str] | None, topology: Topology, *,
-                check_count: bool = True) -> tuple[str, ...]:
-    source = "hosts="
-    if hosts is None:
-        hosts = _from_env("REMOTE_TPU_HOSTS") or LOCAL
-        source = "REMOTE_TPU_HOSTS"
-        if isinstance(hosts, str) and "," in hosts:
-            hosts = [h for h in hosts.split(",") if h.strip()]
-    if isinstance(hosts, str):
-        if hosts.strip().lower() == LOCAL:
-            return (LOCAL,)
-        if hosts.startswith("tpu://"):
-            from ._cloud import TpuRef
-            TpuRef.parse(hosts)          # resolved at call time, checked now
-            return (hosts,)
-        return (normalize_address(hosts),)
-    if not isinstance(hosts, Sequence) or not hosts:
-        raise ConfigurationError(
-            f"{source} must be 'local', an address 'ip[:port]', 'tpu://NAME?zone=...' or "
-            f"a non-empty list of addresses (first = gateway); got {hosts!r}")
-    addresses = tuple(normalize_address(h) for h in hosts)
-    if check_count and len(addresses) > 1 and len(addresses) != topology.hosts:
-        raise ConfigurationError(
-            f"{topology.name} has {topology.hosts} host(s), but {source} lists "
-            f"{len(addresses)}: {', '.join(addresses)}. List every host of the slice "
-            "(first = gateway), give only the gateway's address, or fix accelerator=.")
-    if len(set(addresses)) != len(addresses):
-        raise ConfigurationError(f"{source} lists an address twice: {', '.join(addresses)}")
-    return addresses
+def _checked_hosts(hosts: str | Sequence[str] | None, topology: Topology) -> Hosts:
+    parsed = parse_hosts(hosts)
+    if len(parsed.entries) > 1:          # one address: the gateway knows its peers
+        topology.check_host_count(parsed.entries, parsed.source)
+    return parsed
 
 
 def _positive(name: str, value: object, env: str) -> float | None:
@@ -178,7 +128,7 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         tls=tls if tls is not None else TLS.from_env(),
         processes_per_host=processes_per_host,
         topology=topology,
-        hosts=parse_hosts(hosts, topology),
+        hosts=_checked_hosts(hosts, topology),
         timeout=_positive("timeout", timeout, "REMOTE_TPU_TIMEOUT"),
         stream=mode,
         env=tuple(sorted(env_items)),

@@ -1,28 +1,27 @@
-"""A job's final event -> the value, or the exception the caller sees."""
+"""A job's events -> its output shown, then the value, or the exception the caller sees."""
 
 from __future__ import annotations
 
+import hashlib
+import sys
 from collections.abc import Sequence
+from typing import Any
 
-from ._exceptions import JobFailedError, JobTimeoutError, RemoteError, RemoteTraceback
-from ._proto import remote_tpu_pb2 as pb
-from ._remote_exception import rebuild_exception
+import grpc
 
-_STATE_WORDS = {
-    pb.HOST_STATE_PENDING: "never started",
-    pb.HOST_STATE_RUNNING: "still running",
-    pb.HOST_STATE_SUCCEEDED: "succeeded",
-    pb.HOST_STATE_FAILED: "failed",
-    pb.HOST_STATE_DIED: "died",
-    pb.HOST_STATE_CANCELLED: "cancelled",
-    pb.HOST_STATE_LOST: "lost",
-}
-
+from ._core.channels import error_from_rpc
+from ._core.exceptions import (AgentUnavailableError, JobFailedError, JobTimeoutError,
+                               RemoteError, RemoteTraceback, SerializationError)
+from ._core.proto import remote_tpu_pb2 as pb
+from ._core.serialization import loads
+from ._core.remote_exceptions import rebuild_exception
+from ._core.states import HOST_STATE_WORDS
+from ._render import OutputRenderer
 
 def describe_hosts(reports: Sequence[pb.HostReport]) -> str:
     lines = []
     for r in reports:
-        words = _STATE_WORDS.get(r.state, "unknown")
+        words = HOST_STATE_WORDS.get(r.state, "unknown")
         detail = f" ({r.detail})" if r.detail else ""
         lines.append(f"  host {r.host}: {words}{detail}")
     return "\n".join(lines)
@@ -85,6 +84,52 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str) -> None:
             type_name=info.type_name, remote_traceback=info.traceback, host=h) from cause
     also = f" The agent adds: {end.detail}." if end.detail else ""
     raise JobFailedError(
-        f"host {h} of {n} ({where}) {root.detail or _STATE_WORDS.get(root.state, 'failed')}."
+        f"host {h} of {n} ({where}) {root.detail or HOST_STATE_WORDS.get(root.state, 'failed')}."
         f"{also} Final state of each host:\n{hosts}\nLast output of host {h}:\n"
         f"{_last_lines(root)}", host=h, hosts=end.hosts)
+
+
+def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
+            accelerator: str) -> Any:
+    """Consume a Run or Result stream: show output, then return the value or
+    raise what the caller should see."""
+    chunks: list[bytes] = []
+    end: pb.JobEnd | None = None
+    try:
+        for event in stream:
+            kind = event.WhichOneof("kind")
+            if kind == "output":
+                renderer.write(event.host, event.output.stream, event.output.data)
+            elif kind == "result_chunk":
+                chunks.append(event.result_chunk)
+            elif kind == "end":
+                end = event.end
+            elif kind == "queued":
+                q = event.queued
+                print(f"remote_tpu: job {job_id} is queued behind job {q.queued_behind} "
+                      f"(position {q.queue_position}) on {accelerator}", file=sys.stderr,
+                      flush=True)
+    except grpc.RpcError as exc:
+        raise error_from_rpc(exc, gateway) from None
+    except BaseException:
+        stream.cancel()          # Ctrl-C: the gateway stops every host
+        raise
+    finally:
+        renderer.close()
+    if end is None:
+        raise AgentUnavailableError(f"the agent at {gateway} ended job {job_id} without a "
+                                    "final report; see its log")
+    raise_for_end(end, accelerator=accelerator, job_id=job_id)
+    data = bytearray(sum(len(c) for c in chunks))
+    digest = hashlib.sha256()
+    pos = 0
+    for c in chunks:
+        data[pos:pos + len(c)] = c
+        digest.update(c)
+        pos += len(c)
+    chunks.clear()
+    if digest.digest() != end.result_sha256:
+        raise SerializationError(f"the return value of job {job_id} arrived corrupted (its "
+                                 "SHA-256 does not match the gateway's); nothing was "
+                                 "unpickled. Call again.")
+    return loads(data, what="return value")

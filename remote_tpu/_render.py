@@ -6,7 +6,7 @@ import codecs
 import sys
 from typing import TextIO
 
-from ._proto import remote_tpu_pb2 as pb
+from ._core.proto import remote_tpu_pb2 as pb
 
 
 class OutputRenderer:

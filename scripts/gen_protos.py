@@ -2,7 +2,7 @@
 
 Usage: python scripts/gen_protos.py [OUTPUT_DIR]
 
-Without OUTPUT_DIR the modules are written to remote_tpu/_proto/. The test suite
+Without OUTPUT_DIR the modules are written to remote_tpu/_core/proto/. The test suite
 runs this into a temporary directory and fails when the checked-in copies differ.
 """
 
@@ -16,7 +16,7 @@ from grpc_tools import protoc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "protos"
-DEFAULT_OUT = ROOT / "remote_tpu" / "_proto"
+DEFAULT_OUT = ROOT / "remote_tpu" / "_core" / "proto"
 
 
 def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:

@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 
-from remote_tpu._auth import TOKEN_ENV, new_token
+from remote_tpu._core.auth import TOKEN_ENV, new_token
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -15,7 +15,7 @@ import pytest
 
 import remote_tpu
 from conftest import Agents, free_port, wait_until
-from remote_tpu._auth import TOKEN_ENV, new_token
+from remote_tpu._core.auth import TOKEN_ENV, new_token
 from remote_tpu._client import upload_deadline
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,7 +17,7 @@ import pytest
 import remote_tpu
 from conftest import Agents, live_workers, wait_until
 from remote_tpu import _client
-from remote_tpu._serialization import dumps_call
+from remote_tpu._core.serialization import dumps_call
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -17,7 +17,7 @@ import pytest
 import remote_tpu
 from conftest import live_workers, wait_until
 from remote_tpu._local_slice import get_local_slice
-from remote_tpu._version import PROTOCOL_VERSION
+from remote_tpu._core.versions import PROTOCOL_VERSION
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -307,9 +307,9 @@ def test_killed_client_leaves_no_agent_or_worker(tmp_path):
 def test_version_mismatch_is_reported_with_both_versions():
     import grpc
 
-    from remote_tpu._proto import remote_tpu_pb2 as pb
-    from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
-    from remote_tpu._transport import error_from_rpc
+    from remote_tpu._core.proto import remote_tpu_pb2 as pb
+    from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
+    from remote_tpu._core.channels import error_from_rpc
 
     local = get_local_slice(remote_tpu.Topology.parse("tpu-v4-8"))
     address = local.addresses[0]

@@ -16,7 +16,7 @@ import pytest
 
 import remote_tpu
 from conftest import free_port, live_workers, terminate_all, wait_until
-from remote_tpu._auth import TOKEN_ENV, new_token
+from remote_tpu._core.auth import TOKEN_ENV, new_token
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

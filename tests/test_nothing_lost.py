@@ -17,9 +17,9 @@ import pytest
 
 import remote_tpu
 from conftest import Agents, wait_until
-from remote_tpu._proto import remote_tpu_pb2 as pb
-from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._transport import Credentials, health
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
+from remote_tpu._core.channels import Credentials, health
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 MB = 1_000_000
@@ -157,7 +157,7 @@ def test_an_exception_that_cannot_be_rebuilt_smaller_still_names_its_type(lone):
 
 
 def test_a_job_end_of_many_hosts_fits_one_reply():
-    from remote_tpu._limits import JOB_END_BYTES
+    from remote_tpu._core.limits import JOB_END_BYTES
     from remote_tpu_agent._reports import bound_end
 
     big = "z" * 64 * 1024
@@ -187,7 +187,7 @@ def test_a_job_end_of_many_hosts_fits_one_reply():
 
 
 def test_cut_text_at_the_edges():
-    from remote_tpu._limits import cut_text
+    from remote_tpu._core.limits import cut_text
 
     assert cut_text("", 10) == ""
     assert cut_text("a", 1) == "a"
@@ -236,7 +236,7 @@ def test_a_job_id_with_a_trailing_newline_is_refused(lone):
         with pytest.raises(grpc.RpcError) as info:
             stub.Status(pb.JobRef(job_id=bad), metadata=metadata, timeout=10)
         assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    from remote_tpu._transport import versions_pb
+    from remote_tpu._core.versions import versions_pb
     spec = pb.JobSpec(client_versions=versions_pb(), job_id="job\n", accelerator="tpu-v5litepod-4",
                       num_hosts=1, role=pb.ROLE_GATEWAY, payload_size=0,
                       payload_sha256=b"\0" * 32, stream=pb.STREAM_MODE_LEADER)
@@ -307,9 +307,8 @@ def test_a_full_disk_fails_the_job_clearly_and_the_agent_keeps_serving(tmp_path)
         with pytest.raises(remote_tpu.RemoteTPUError) as info:
             loud()
         assert f"state dir {state} is full" in str(info.value)
-        assert health(agents.addresses[0],
-                      Credentials(token=agents.token).channel(agents.addresses[0]),
-                      Credentials(token=agents.token), timeout=5).versions.remote_tpu
+        assert health(agents.addresses[0], Credentials(token=agents.token),
+                      timeout=5).versions.remote_tpu
         os.unlink(filler)
 
         @_on(agents)
@@ -381,8 +380,7 @@ def test_two_hundred_followers_never_starve_short_calls():
         credentials = Credentials(token=agents.token)
         for _ in range(5):                  # short calls still answer at once
             started = time.monotonic()
-            health(agents.addresses[0], credentials.channel(agents.addresses[0]),
-                   credentials, attempts=1, timeout=3)
+            health(agents.addresses[0], credentials, attempts=1, timeout=3)
             assert handle.status().state == "RUNNING"
             assert time.monotonic() - started < 3
         handle.cancel()

@@ -63,9 +63,9 @@ def test_host_count_mismatch_names_both_numbers():
 
 def test_addresses_get_the_default_port():
     f = remote_tpu.run(accelerator="tpu-v4-16", hosts=["10.0.0.1", "[::1]:9000"])(len)
-    assert f.options.hosts == ("10.0.0.1:8475", "[::1]:9000")
+    assert f.options.hosts.entries == ("10.0.0.1:8475", "[::1]:9000")
     g = remote_tpu.run(accelerator="tpu-v5p-32", hosts="10.0.0.2")(len)
-    assert g.options.hosts == ("10.0.0.2:8475",)
+    assert g.options.hosts.entries == ("10.0.0.2:8475",)
 
 
 def test_environment_is_the_fallback_and_arguments_win(monkeypatch):
@@ -73,10 +73,11 @@ def test_environment_is_the_fallback_and_arguments_win(monkeypatch):
     monkeypatch.setenv("REMOTE_TPU_STREAM", "all")
     monkeypatch.setenv("REMOTE_TPU_TIMEOUT", "30")
     f = remote_tpu.run(accelerator="tpu-v4-16")(len)
-    assert f.options.hosts == ("10.0.0.1:8475", "10.0.0.2:8475")
+    assert f.options.hosts.entries == ("10.0.0.1:8475", "10.0.0.2:8475")
     assert (f.options.stream, f.options.timeout) == ("all", 30.0)
     g = remote_tpu.run(accelerator="tpu-v4-16", hosts="local", stream="none", timeout=5)(len)
-    assert (g.options.hosts, g.options.stream, g.options.timeout) == (("local",), "none", 5.0)
+    assert (g.options.hosts.entries, g.options.stream, g.options.timeout) == \
+        (("local",), "none", 5.0)
     monkeypatch.setenv("REMOTE_TPU_HOSTS", "10.0.0.1,10.0.0.2,10.0.0.3")
     with pytest.raises(ConfigurationError, match="REMOTE_TPU_HOSTS lists 3"):
         remote_tpu.run(accelerator="tpu-v4-16")

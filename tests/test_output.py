@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from remote_tpu._proto import remote_tpu_pb2 as pb
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._render import OutputRenderer
 from remote_tpu_agent._output import NoiseFilter, Tail
 

@@ -11,7 +11,7 @@ from conftest import ROOT
 def test_generated_code_is_fresh(tmp_path):
     subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gen_protos.py"),
                     str(tmp_path)], check=True, capture_output=True, timeout=60)
-    checked_in = os.path.join(ROOT, "remote_tpu", "_proto")
+    checked_in = os.path.join(ROOT, "remote_tpu", "_core", "proto")
     names = sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".py", ".pyi"))
     assert names == ["remote_tpu_pb2.py", "remote_tpu_pb2.pyi", "remote_tpu_pb2_grpc.py"]
     stale = [n for n in names if not filecmp.cmp(tmp_path / n, os.path.join(checked_in, n),
@@ -21,6 +21,6 @@ def test_generated_code_is_fresh(tmp_path):
 
 
 def test_enums_start_unspecified():
-    from remote_tpu._proto import remote_tpu_pb2 as pb
+    from remote_tpu._core.proto import remote_tpu_pb2 as pb
     for enum in pb.DESCRIPTOR.enum_types_by_name.values():
         assert enum.values[0].number == 0 and enum.values[0].name.endswith("_UNSPECIFIED")

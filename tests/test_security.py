@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 import remote_tpu
 from certs import CA
 from conftest import Agents, free_port, terminate_all
-from remote_tpu._auth import TOKEN_METADATA_KEY, new_token
-from remote_tpu._proto import remote_tpu_pb2 as pb
-from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._transport import (Credentials, error_from_rpc, health, shared_channel,
-                                   versions_pb)
+from remote_tpu._core.auth import TOKEN_METADATA_KEY, new_token
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
+from remote_tpu._core.channels import Credentials, error_from_rpc, health, shared_channel
+from remote_tpu._core.versions import versions_pb
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -69,9 +69,8 @@ def test_client_without_the_slice_token_is_refused_and_nothing_runs(slice_a, tmp
 def test_health_needs_the_token_too(slice_a):
     address = slice_a.addresses[0]
     anonymous = Credentials()
-    with anonymous.channel(address) as ch:
-        with pytest.raises(remote_tpu.AuthenticationError):
-            health(address, ch, anonymous)
+    with pytest.raises(remote_tpu.AuthenticationError):
+        health(address, anonymous)
 
 
 def test_token_from_environment_and_file(slice_a, tmp_path, monkeypatch):

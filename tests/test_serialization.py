@@ -12,8 +12,8 @@ import pytest
 
 from conftest import run_python
 from remote_tpu import SerializationError, VersionMismatchError
-from remote_tpu import _remote_exception as remote_exception
-from remote_tpu import _serialization as ser
+from remote_tpu._core import remote_exceptions as remote_exception
+from remote_tpu._core import serialization as ser
 
 
 def _load_elsewhere(payload: ser.Payload, tmp_path, expr: str) -> str:
@@ -24,7 +24,7 @@ def _load_elsewhere(payload: ser.Payload, tmp_path, expr: str) -> str:
     empty = tmp_path / "cwd"
     empty.mkdir()
     code = textwrap.dedent(f"""
-        from remote_tpu import _serialization as ser
+        from remote_tpu._core import serialization as ser
         fn, args, kwargs = ser.loads(open({str(blob)!r}, 'rb').read())
         print(repr({expr}))
     """)

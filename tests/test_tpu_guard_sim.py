@@ -117,7 +117,7 @@ def test_an_agent_that_does_not_simulate_still_guards_the_tpu(tpu_files):
 
 @pytest.mark.slow
 def test_a_lock_held_by_the_agents_own_worker_is_never_taken_for_stale(tpu_files):
-    from remote_tpu._transport import Credentials, health
+    from remote_tpu._core.channels import Credentials, health
 
     lock, _ = tpu_files
     agents = _agent(tpu_files, 0)
@@ -138,8 +138,7 @@ def test_a_lock_held_by_the_agents_own_worker_is_never_taken_for_stale(tpu_files
         worker.start()
         credentials = Credentials(token=agents.token)
         while worker.is_alive():          # Health asks the guard whether the TPU is busy
-            health(agents.addresses[0], credentials.channel(agents.addresses[0]),
-                   credentials, attempts=1)
+            health(agents.addresses[0], credentials, attempts=1)
             time.sleep(0.1)
         worker.join()
         assert result == [True]

@@ -19,8 +19,8 @@ import pytest
 import remote_tpu
 from conftest import free_port, hold_open
 from metadata_server import HttpStandIn, MetadataStandIn, tpu_vm
-from remote_tpu._auth import TOKEN_ENV, new_token
-from remote_tpu._exceptions import ConfigurationError
+from remote_tpu._core.auth import TOKEN_ENV, new_token
+from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu_agent._discovery import MetadataServer, discover
 
 pytestmark = pytest.mark.timeout(120)
@@ -178,8 +178,8 @@ def test_agents_from_metadata_run_a_collective_with_the_client_at_worker_1():
                                token=vm.token)(len)
         with pytest.raises(ConfigurationError) as info:
             wrong([])
-        assert ("asked for tpu-v4-32, 4 host(s); this slice is v4-16, 2 host(s)"
-                in str(info.value))
+        assert ("asked for tpu-v4-32, 4 host(s); this slice (from its metadata) is "
+                "tpu-v4-16, 2 host(s). Use accelerator='tpu-v4-16'" in str(info.value))
     finally:
         vm.stop()
 

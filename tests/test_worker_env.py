@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from remote_tpu._proto import remote_tpu_pb2 as pb
-from remote_tpu._topology import Topology
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu._core.topology import Topology
 from remote_tpu_agent import _worker
 from remote_tpu_agent._worker_env import (TPU_PROCESS_BASE_PORT, num_processes,
                                           passed_environment, processes_per_host,

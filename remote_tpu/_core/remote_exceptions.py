@@ -12,7 +12,7 @@ from typing import Any
 
 import cloudpickle
 
-from ._limits import (EXCEPTION_MESSAGE_CHARS, PICKLED_EXCEPTION_BYTES, TRACEBACK_CHARS,
+from .limits import (EXCEPTION_MESSAGE_CHARS, PICKLED_EXCEPTION_BYTES, TRACEBACK_CHARS,
                       cut_text, valid_text)
 
 

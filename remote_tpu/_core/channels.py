@@ -14,12 +14,12 @@ import warnings
 import grpc
 import tenacity
 
-from ._auth import TOKEN_METADATA_KEY, TLS, client_token, is_loopback
-from ._exceptions import (AgentUnavailableError, AuthenticationError, ConfigurationError,
+from .addresses import host_of, is_loopback
+from .auth import TOKEN_METADATA_KEY, TLS, client_token
+from .exceptions import (AgentUnavailableError, AuthenticationError, ConfigurationError,
                           RemoteTPUError, SerializationError, VersionMismatchError)
-from ._proto import remote_tpu_pb2 as pb
-from ._proto import remote_tpu_pb2_grpc as pb_grpc
-from ._version import local_versions
+from .proto import remote_tpu_pb2 as pb
+from .proto import remote_tpu_pb2_grpc as pb_grpc
 
 # Trailing metadata key an agent sets on a refused call: what kind of error it is.
 ERROR_KIND_KEY = "remote-tpu-error"
@@ -42,14 +42,6 @@ class Redirect(RemoteTPUError):
     def __init__(self, address: str, message: str) -> None:
         super().__init__(message)
         self.address = address
-
-
-def versions_pb() -> pb.Versions:
-    """This process's versions, as sent on the wire."""
-    v = local_versions()
-    return pb.Versions(protocol=int(v["protocol"]), remote_tpu=str(v["remote_tpu"]),
-                       python=str(v["python"]), cloudpickle=str(v["cloudpickle"]),
-                       jax=str(v["jax"]))
 
 
 def channel_options(overrides: dict[str, int | str] | None = None) -> list[tuple[str, int | str]]:
@@ -106,13 +98,6 @@ class Credentials:
         return grpc.secure_channel(address, creds, options=options)
 
 
-def _host_of(address: str) -> str:
-    """``"10.0.0.2:8475"`` -> ``"10.0.0.2"``, ``"[::1]:8475"`` -> ``"::1"``."""
-    if address.startswith("["):
-        return address[1:].split("]", 1)[0]
-    return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
-
-
 def _require_tls() -> bool:
     value = os.environ.get(REQUIRE_TLS_ENV, "").strip().lower()
     if value in ("", "0", "false", "no", "off"):
@@ -138,7 +123,7 @@ def check_plaintext(address: str) -> None:
     this machine a warning, once per address in this process, or a
     ConfigurationError when ``$REMOTE_TPU_REQUIRE_TLS`` is set. Host names other
     than localhost count as beyond this machine."""
-    if is_loopback(_host_of(address)):
+    if is_loopback(host_of(address)):
         return
     if _require_tls():
         raise ConfigurationError(f"refusing to connect without TLS (${REQUIRE_TLS_ENV}=1): "
@@ -193,6 +178,8 @@ def error_from_rpc(exc: grpc.RpcError, address: str) -> RemoteTPUError:
             "worker 0 is enough); if the agent uses TLS, pass tls=remote_tpu.TLS(ca=...) "
             "with the CA that signed its certificate. hosts='local' runs a simulated "
             "slice on this machine.")
+    if code == grpc.StatusCode.NOT_FOUND:           # a job id the agent does not know
+        return RemoteTPUError(f"{details}. Check the job id and hosts=.")
     if code == grpc.StatusCode.CANCELLED:
         return AgentUnavailableError(f"the call to the agent at {address} was cancelled: "
                                      f"{details}")
@@ -200,10 +187,15 @@ def error_from_rpc(exc: grpc.RpcError, address: str) -> RemoteTPUError:
     return RemoteTPUError(f"the agent at {address} refused the call ({name}): {details}")
 
 
-def health(address: str, channel: grpc.Channel, credentials: Credentials, *,
-           attempts: int = 3, timeout: float = 5) -> pb.HealthReply:
+def stub(address: str, credentials: Credentials) -> pb_grpc.AgentStub:
+    """The one way to call an agent: a stub on this process's shared channel to
+    ``address`` (the call's metadata still carries ``credentials.metadata``)."""
+    return pb_grpc.AgentStub(shared_channel(address, credentials))
+
+
+def health(address: str, credentials: Credentials, *, attempts: int = 3,
+           timeout: float = 5) -> pb.HealthReply:
     """Ask the agent for its versions, retrying only on transient faults."""
-    stub = pb_grpc.AgentStub(channel)
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(attempts),
         wait=tenacity.wait_exponential(multiplier=0.2, max=2),
@@ -212,7 +204,7 @@ def health(address: str, channel: grpc.Channel, credentials: Credentials, *,
         reraise=True,
     )
     try:
-        return retrying(stub.Health, pb.HealthRequest(), timeout=timeout,
-                        metadata=credentials.metadata)
+        return retrying(stub(address, credentials).Health, pb.HealthRequest(),
+                        timeout=timeout, metadata=credentials.metadata)
     except grpc.RpcError as exc:
         raise error_from_rpc(exc, address) from None

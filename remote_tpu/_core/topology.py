@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
 
-from ._exceptions import ConfigurationError
+from .exceptions import ConfigurationError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +102,23 @@ class Topology:
     @property
     def devices(self) -> int:
         return self.devices_per_host * self.hosts
+
+    def check_host_count(self, addresses: Sequence[str], where: str) -> None:
+        """The one check that a slice's host list fits this accelerator."""
+        if len(addresses) != self.hosts:
+            raise ConfigurationError(
+                f"{self.name} has {self.hosts} host(s), but {where} lists "
+                f"{len(addresses)}: {', '.join(addresses)}. Use the accelerator the slice "
+                "really is, or list every host of the slice (first = gateway), or give "
+                "only the gateway's address.")
+
+    def check_same(self, actual: str, where: str) -> None:
+        """The one check that a slice's own accelerator type is this one."""
+        other = Topology.parse(actual)
+        if other.name != self.name:
+            raise ConfigurationError(
+                f"asked for {self.name}, {self.hosts} host(s); {where} is {other.name}, "
+                f"{other.hosts} host(s). Use accelerator={other.name!r}.")
 
     @classmethod
     def parse(cls, accelerator: str) -> Topology:

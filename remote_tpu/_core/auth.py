@@ -15,7 +15,7 @@ import os
 import secrets
 import stat
 
-from ._exceptions import ConfigurationError
+from .exceptions import ConfigurationError
 
 TOKEN_METADATA_KEY = "x-remote-tpu-token"
 TOKEN_ENV = "REMOTE_TPU_TOKEN"
@@ -136,7 +136,3 @@ class TLS:
                 return f.read()
         return load(self.ca) or b"", load(self.key), load(self.cert)
 
-
-def is_loopback(host: str) -> bool:
-    host = host.strip("[]").lower()
-    return host in ("localhost", "::1") or host.startswith("127.")

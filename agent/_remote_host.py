@@ -1,4 +1,6 @@
-"""The gateway's view of one peer host: a ``Run`` call to that host's agent."""
+"""The gateway's proxy for one process on a peer host: a ``Run`` call to that
+host's agent (which plays the peer role, ``_peer``), relayed as if it were a
+local worker."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from remote_tpu._proto import remote_tpu_pb2 as pb
-from remote_tpu._proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._serialization import CHUNK_SIZE
-from remote_tpu._transport import Credentials, error_from_rpc, health
+from remote_tpu._core.channels import Credentials, error_from_rpc, health, stub
+from remote_tpu._core.limits import CHUNK_SIZE
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu._core.versions import differences
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +39,6 @@ class RemoteHost:
         self._closed = threading.Event()
         self._call: grpc.Future | None = None
         self._credentials = credentials
-        self._channel = credentials.channel(address)
         self._lock = threading.Lock()
         self._exited_sent = False
         self.finished = threading.Event()
@@ -46,13 +47,13 @@ class RemoteHost:
         """Check, before anything runs anywhere, that the peer answers, accepts
         our credentials and speaks our protocol. Returns what is wrong, or ""."""
         try:
-            reply = health(self.address, self._channel, self._credentials, attempts=2)
+            reply = health(self.address, self._credentials, attempts=2)
         except Exception as exc:  # noqa: BLE001 - every failure is reported
             return f"agent at {self.address} cannot take the job: {exc}"
-        mine = self._spec.client_versions.protocol
-        if reply.versions.protocol != mine:
-            return (f"agent at {self.address} speaks protocol {reply.versions.protocol} "
-                    f"(remote_tpu {reply.versions.remote_tpu}), the gateway {mine}")
+        problems = differences(reply.versions)
+        if problems:
+            return (f"agent at {self.address} cannot work with the gateway: "
+                    + "; ".join(problems).replace(" here", " on the gateway"))
         if reply.tpu_busy:
             return f"cannot start on {self.address}: {reply.tpu_busy}"
         return ""
@@ -61,9 +62,8 @@ class RemoteHost:
         threading.Thread(target=self._relay, daemon=True, name=f"peer{self.host}").start()
 
     def stacks(self) -> str:
-        stub = pb_grpc.AgentStub(self._channel)
         try:
-            reply = stub.Stacks(pb.JobRef(job_id=self._spec.job_id), timeout=5,
+            reply = stub(self.address, self._credentials).Stacks(pb.JobRef(job_id=self._spec.job_id), timeout=5,
                                 metadata=self._credentials.metadata)
         except grpc.RpcError as exc:
             return f"(the agent at {self.address} did not answer: {exc.details()})"
@@ -83,9 +83,10 @@ class RemoteHost:
 
     def close(self) -> None:
         self._closed.set()
-        if self._call is not None:
-            self._call.cancel()
-        self._channel.close()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
 
     def _requests(self) -> Iterator[pb.RunRequest]:
         yield pb.RunRequest(spec=self._spec)
@@ -100,9 +101,17 @@ class RemoteHost:
             yield pb.RunRequest(control=control)
 
     def _relay(self) -> None:
-        stub = pb_grpc.AgentStub(self._channel)
         try:
-            self._call = stub.Run(self._requests(), metadata=self._credentials.metadata)
+            with self._lock:          # close() cancels the call once it exists
+                started = not self._closed.is_set()
+                if started:
+                    self._call = stub(self.address, self._credentials).Run(
+                        self._requests(), metadata=self._credentials.metadata)
+            if not started:
+                self._send_exited(pb.HostReport(
+                    host=self.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
+                    detail="the job ended before this host was started"))
+                return
             for event in self._call:
                 if event.HasField("exited"):
                     self._send_exited(event.exited)

@@ -30,14 +30,14 @@ import sys
 import sysconfig
 import threading
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import cloudpickle
 
-from ._exceptions import SerializationError, VersionMismatchError
-from ._limits import CHUNK_SIZE
-from ._version import local_versions
+from .exceptions import SerializationError
+from .limits import CHUNK_SIZE
+from .versions import check_compatible, local_versions
 
 MAGIC = b"RTPU"
 _INBAND_LIMIT = 64 * 1024     # smaller buffers stay inside the pickle stream
@@ -173,28 +173,6 @@ def loads(data: bytes | bytearray | memoryview, *, what: str = "value") -> Any:
             f"could not unpickle the {what}: {type(exc).__name__}: {exc}. A module or "
             "class it refers to may be missing on this side; install it here, or "
             "define it in the calling script so it travels by value.") from exc
-
-
-def check_compatible(remote: Mapping[str, Any], *, sender: str) -> None:
-    """Raise VersionMismatchError unless pickles from ``remote`` load here.
-
-    cloudpickle ships code objects by value, which only load in the same Python
-    minor version, and its format is only stable within one cloudpickle release.
-    """
-    mine = local_versions()
-    problems = []
-    rpy, mpy = str(remote.get("python", "?")), str(mine["python"])
-    if rpy.split(".")[:2] != mpy.split(".")[:2]:
-        problems.append(f"Python {rpy} there, {mpy} here")
-    rcp, mcp = str(remote.get("cloudpickle", "?")), str(mine["cloudpickle"])
-    if rcp != mcp:
-        problems.append(f"cloudpickle {rcp} there, {mcp} here")
-    if problems:
-        raise VersionMismatchError(
-            f"{sender} cannot exchange pickles with this process: "
-            + "; ".join(problems)
-            + ". Install the same Python minor version and the same cloudpickle "
-            "release on the client and on every host.")
 
 
 # ----------------------------------------------------------------- exceptions

@@ -1,0 +1,333 @@
+"""The gateway: process 0 of a job. Fans the job out to the peers, merges every
+host's events into one stream, and enforces fail-fast.
+
+The first host to fail is the root cause: the gateway stops every other host at
+once (SIGTERM, then SIGKILL to its process group) rather than waiting for JAX's
+heartbeat timeout, then reports every host's final state.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import queue
+import re
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from remote_tpu._core.addresses import join_host_port
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu._core.channels import Credentials
+
+from . import _worker
+from ._events import EventQueue
+from ._remote_host import RemoteHost
+from ._runner import WorkerRun
+from ._tpu import TpuBusy, TpuGuard
+from ._worker_env import processes_per_host
+
+log = logging.getLogger(__name__)
+
+_SETTLE_SECONDS = 4.0        # wait this long for every host's final report
+_TIMED_OUT = object()
+
+
+class _Cancel:
+    def __init__(self, reason: str, state: int) -> None:
+        self.reason = reason
+        self.state = state
+
+# Messages a surviving host prints when a *peer* failed first: consequences,
+# never the root cause while a host failed on its own.
+_SECONDARY = re.compile(
+    r"connection closed by peer|connection reset|gloo|coordination service|"
+    r"heartbeat|barrier|unavailable|deadline.?exceeded|socket closed|broken pipe",
+    re.IGNORECASE)
+
+
+def free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _is_secondary(report: pb.HostReport) -> bool:
+    if report.state == pb.HOST_STATE_FAILED:
+        return bool(_SECONDARY.search(report.exception.message)
+                    or _SECONDARY.search(report.exception.type_name))
+    if report.state == pb.HOST_STATE_DIED:
+        return report.signal == "SIGABRT"   # JAX aborts when its peers vanish
+    return False
+
+
+def root_cause(reports: Sequence[pb.HostReport]) -> int:
+    failed = [r for r in reports if r.state in (
+        pb.HOST_STATE_FAILED, pb.HOST_STATE_DIED, pb.HOST_STATE_LOST)]
+    if not failed:
+        return -1
+    failed.sort(key=lambda r: (_is_secondary(r), r.finished_at or float("inf"), r.host))
+    return failed[0].host
+
+
+class GatewayJob:
+    """One job, seen from its gateway."""
+
+    def __init__(self, *, spec: pb.JobSpec, hosts: Sequence[str], job_dir: str,
+                 payload_path: str, advertise: str, env_for,
+                 peer_credentials: Credentials, tpu: TpuGuard | None = None,
+                 preempted=lambda: False) -> None:
+        self.tpu = tpu
+        self._preempted = preempted
+        self.spec = spec
+        per_host = processes_per_host(spec)
+        self.n = len(hosts) * per_host        # JAX processes; "host" below means one of them
+        self.events = EventQueue()
+        self.coordinator = join_host_port(advertise, free_port(advertise))
+        self.job_dir = job_dir
+        # This host's processes: process 0 (the coordinator) works in job_dir itself.
+        self.locals = []
+        for k in range(per_host):
+            directory = job_dir if k == 0 else os.path.join(job_dir, f"process-{k}")
+            os.makedirs(directory, exist_ok=True)
+            env = env_for(k, self.coordinator)
+            env[_worker.ENV_PAYLOAD] = payload_path
+            self.locals.append(WorkerRun(host=k, job_dir=directory, env=env,
+                                         emit=self.events.put, forward_output=True))
+        self.local = self.locals[0]
+        self.remotes = []
+        for i, address in enumerate(hosts[1:], start=1):
+            for k in range(per_host):
+                peer_spec = pb.JobSpec()
+                peer_spec.CopyFrom(spec)
+                peer_spec.role = pb.ROLE_PEER
+                peer_spec.process_id = i * per_host + k
+                peer_spec.coordinator_address = self.coordinator
+                self.remotes.append(RemoteHost(
+                    host=peer_spec.process_id, address=address, spec=peer_spec,
+                    payload_path=payload_path, emit=self.events.put,
+                    credentials=peer_credentials))
+        self.handles = [*self.locals, *self.remotes]
+        self.reports = [pb.HostReport(host=i, state=pb.HOST_STATE_PENDING)
+                        for i in range(self.n)]
+        self.done: set[int] = set()
+        self.exited: set[int] = set()
+
+    def cancel(self, reason: str, state: int = pb.JOB_STATE_CANCELLED) -> None:
+        """Stop the job on every host; it ends in ``state`` with ``reason``."""
+        self.events.put(_Cancel(reason, state))
+
+    def stacks(self) -> list[pb.HostStacks]:
+        """Every host's Python stacks, collected in parallel."""
+        with concurrent.futures.ThreadPoolExecutor(len(self.handles)) as pool:
+            texts = list(pool.map(lambda h: h.stacks(), self.handles))
+        return [pb.HostStacks(host=h.host, text=t) for h, t in zip(self.handles, texts)]
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> Iterator[pb.Event]:
+        """Every host's output (``started``, ``output``) as it comes, then ``end``."""
+        try:
+            refused = self._preflight()
+            if refused:
+                yield pb.Event(host=0, end=pb.JobEnd(
+                    state=pb.JOB_STATE_FAILED, root_cause_host=refused[0].host,
+                    hosts=self.reports, detail="nothing was started on any host"))
+                return
+            yield from self._run()
+        finally:
+            self.events.close()
+            for h in self.handles:
+                h.close()
+            if self.tpu is not None:
+                self.tpu.release()
+
+    def _preflight(self) -> list[pb.HostReport]:
+        """Every peer must answer, accept our credentials and speak our protocol
+        before anything starts anywhere."""
+        first = {}                    # one check per peer agent, whatever its processes
+        for remote in self.remotes:
+            first.setdefault(remote.address, remote)
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(first))) as pool:
+            by_agent = dict(zip(first, pool.map(lambda r: r.preflight(), first.values())))
+        problems = [by_agent[remote.address] for remote in self.remotes]
+        refused = []
+        if self.tpu is not None:
+            try:
+                self.tpu.prepare()
+            except TpuBusy as exc:
+                report = pb.HostReport(host=0, state=pb.HOST_STATE_LOST, finished_at=time.time(),
+                                       detail=f"cannot start: {exc}")
+                self.reports[0] = report
+                refused.append(report)
+        for remote, problem in zip(self.remotes, problems):
+            if problem:
+                report = pb.HostReport(host=remote.host, state=pb.HOST_STATE_LOST,
+                                       detail=problem, finished_at=time.time())
+                self.reports[remote.host] = report
+                refused.append(report)
+        for report in self.reports:
+            if report.state == pb.HOST_STATE_PENDING and refused:
+                report.detail = "not started: another host refused the job"
+        return refused
+
+    def _run(self) -> Iterator[pb.Event]:
+        # Process 0 hosts the JAX coordinator: start it first.
+        for local in self.locals:
+            local.start()
+        for remote in self.remotes:
+            remote.start()
+        deadline = (time.monotonic() + self.spec.timeout_seconds
+                    if self.spec.timeout_seconds > 0 else None)
+        timer = None
+        if deadline is not None:
+            timer = threading.Timer(self.spec.timeout_seconds, self.events.put, (_TIMED_OUT,))
+            timer.daemon = True
+            timer.start()
+        try:
+            yield from self._main_loop()
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _main_loop(self) -> Iterator[pb.Event]:
+        while True:
+            item = self.events.get()
+            if isinstance(item, _Cancel):
+                if item.state == pb.JOB_STATE_PREEMPTED:
+                    self.reports[0].preempted = True
+                yield from self._fail(item.state, item.reason)
+                return
+            if item is _TIMED_OUT:
+                # The stacks say where each host was stuck: JAX cannot tell a live
+                # but stuck rank from a slow one.
+                for host_stacks in self.stacks():
+                    self.reports[host_stacks.host].stacks = host_stacks.text
+                yield from self._fail(pb.JOB_STATE_TIMED_OUT,
+                                      f"timed out after {self.spec.timeout_seconds:g} s")
+                return
+            yield from self._forward(item)
+            event: pb.Event = item
+            if event.HasField("done"):
+                self.reports[event.host] = event.done
+                if event.done.state == pb.HOST_STATE_SUCCEEDED:
+                    self.done.add(event.host)
+                    if len(self.done) == self.n:
+                        yield from self._succeed()
+                        return
+                else:
+                    yield from self._fail(pb.JOB_STATE_FAILED)
+                    return
+            elif event.HasField("exited"):
+                self._record_exit(event)
+                if event.exited.state != pb.HOST_STATE_SUCCEEDED:
+                    yield from self._fail(pb.JOB_STATE_FAILED)
+                    return
+
+    def _forward(self, item: object) -> Iterator[pb.Event]:
+        if isinstance(item, pb.Event) and (item.HasField("output") or item.HasField("started")):
+            yield item
+
+    def _record_exit(self, event: pb.Event) -> None:
+        report = event.exited
+        previous = self.reports[event.host]
+        if event.host < len(self.locals) and report.state in (pb.HOST_STATE_DIED,
+                                                              pb.HOST_STATE_LOST):
+            report.preempted = self._preempted()
+        if previous.state in (pb.HOST_STATE_SUCCEEDED, pb.HOST_STATE_FAILED) and \
+                report.state == pb.HOST_STATE_LOST:
+            # Its function had finished; only the goodbye went missing.
+            previous.detail += f"; then {report.detail}"
+            report = previous
+        if previous.stacks and not report.stacks:
+            report.stacks = previous.stacks
+        report.preempted = report.preempted or previous.preempted
+        self.reports[event.host] = report
+        self.exited.add(event.host)
+
+    def _settle(self, forward: bool, seconds: float = _SETTLE_SECONDS) -> Iterator[pb.Event]:
+        """Take events until every host has exited or ``seconds`` have passed;
+        a peer that has not confirmed by then is reported lost."""
+        yield from self._await(set(range(self.n)), seconds, forward)
+        for h in self.remotes:
+            if h.host not in self.exited:
+                detail = f"agent at {h.address} did not confirm the worker stopped"
+                h.abandon(detail)
+                self._record_exit(pb.Event(host=h.host, exited=pb.HostReport(
+                    host=h.host, state=pb.HOST_STATE_LOST, detail=detail,
+                    finished_at=time.time())))
+
+    def _stop_all(self) -> None:
+        for h in self.handles:
+            if h.host not in self.exited:
+                threading.Thread(target=h.cancel, daemon=True).start()
+
+    def _succeed(self) -> Iterator[pb.Event]:
+        # Peers go first; process 0 keeps JAX's coordination service up until last.
+        others = [*self.remotes, *self.locals[1:]]
+        for handle in others:
+            handle.release()
+        yield from self._settle_hosts(others)
+        self.local.release()
+        yield from self._settle_hosts([self.local])
+        lost = [r for r in self.reports if r.state != pb.HOST_STATE_SUCCEEDED]
+        if lost:
+            yield from self._fail(pb.JOB_STATE_FAILED)
+            return
+        yield pb.Event(host=0, end=pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
+                                             hosts=self.reports,
+                                             result_sha256=self.local.result_sha256))
+
+    def _settle_hosts(self, handles: Sequence) -> Iterator[pb.Event]:
+        """Wait for these released hosts to exit; stop those that do not."""
+        wanted = {h.host for h in handles}
+        yield from self._await(wanted, _SETTLE_SECONDS, forward=True)
+        for h in handles:
+            if h.host not in self.exited:
+                if isinstance(h, RemoteHost):
+                    h.abandon(f"agent at {h.address} did not confirm the worker exited")
+                else:
+                    h.cancel()
+        yield from self._await(wanted, _SETTLE_SECONDS, forward=True)
+
+    def _await(self, wanted: set[int], seconds: float, forward: bool) -> Iterator[pb.Event]:
+        """Take events until every host in ``wanted`` has exited, or ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while not wanted <= self.exited:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                item = self.events.get(timeout=left)
+            except queue.Empty:
+                return
+            if not isinstance(item, pb.Event):
+                continue
+            if forward:
+                yield from self._forward(item)
+            if item.HasField("done"):
+                if self.reports[item.host].state in (pb.HOST_STATE_PENDING,
+                                                      pb.HOST_STATE_RUNNING):
+                    self.reports[item.host] = item.done
+            elif item.HasField("exited"):
+                self._record_exit(item)
+
+    def _fail(self, state: int, detail: str = "") -> Iterator[pb.Event]:
+        self._stop_all()
+        yield from self._settle(forward=True)
+        preempted = [r.host for r in self.reports if r.preempted]
+        if preempted and state in (pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED,
+                                   pb.JOB_STATE_PREEMPTED):
+            state = pb.JOB_STATE_PREEMPTED
+            detail = (f"host {preempted[0]} was preempted (its metadata server says so); "
+                      "the job can be submitted again once the slice is back")
+            yield pb.Event(host=0, end=pb.JobEnd(state=state, root_cause_host=preempted[0],
+                                                 hosts=self.reports, detail=detail))
+            return
+        cause = root_cause(self.reports) if state == pb.JOB_STATE_FAILED else -1
+        yield pb.Event(host=0, end=pb.JobEnd(state=state, root_cause_host=cause,
+                                             hosts=self.reports, detail=detail))
+

@@ -1,0 +1,109 @@
+"""Reading the gateway's jobs: status, output (to its end, or followed), the
+result, the list. Everything comes from the job store; nothing here runs jobs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from remote_tpu._core.limits import CHUNK_SIZE, LIST_REPLY_BYTES, cut_text
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+from . import _worker
+from ._discovery import Slice
+from ._requests import abort, gateway_redirect, valid_job_id
+from ._store import JobRecord, JobStore
+
+
+def status_of(record: JobRecord) -> pb.JobStatus:
+    """A copy of the record's status, taken under its lock."""
+    with record.changed:
+        status = pb.JobStatus()
+        status.CopyFrom(record.status)
+    return status
+
+
+class JobViews:
+    def __init__(self, store: JobStore, found: Slice, endpoint: Callable[[], str]) -> None:
+        self.store = store
+        self._slice = found
+        self._endpoint = endpoint
+
+    def known(self, job_id: str, context: grpc.ServicerContext) -> JobRecord:
+        """The gateway record of ``job_id``, or the call is aborted: NOT_FOUND,
+        or, on a host that is not its slice's gateway, a redirect to it."""
+        record = self.store.get(job_id) if valid_job_id(job_id) else None
+        if record is None:
+            redirect = gateway_redirect(self._slice, self._endpoint())
+            if redirect is not None:
+                abort(context, redirect)
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          f"the agent at {self._endpoint()} has no job "
+                          f"{cut_text(job_id, 200)!r} (finished jobs are kept: the newest "
+                          f"{self.store.keep})")
+        return record
+
+    def list(self, limit: int, context: grpc.ServicerContext) -> pb.ListJobsReply:
+        """Summaries (no final reports), newest first, as many as fit one reply.
+        A host that is not its slice's gateway, and was never asked to be one,
+        sends the caller to the gateway."""
+        reply = pb.ListJobsReply()
+        statuses = self.store.list(limit=limit)
+        redirect = gateway_redirect(self._slice, self._endpoint())
+        if not statuses and redirect is not None:
+            abort(context, redirect)
+        size = 0
+        for i, status in enumerate(statuses):
+            summary = pb.JobStatus()
+            summary.CopyFrom(status)
+            summary.ClearField("end")
+            size += summary.ByteSize() + 8
+            if size > LIST_REPLY_BYTES:
+                reply.omitted = len(statuses) - i
+                break
+            reply.jobs.append(summary)
+        return reply
+
+
+def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
+          context: grpc.ServicerContext, with_end: bool) -> Iterator[pb.Event]:
+    """Every host's output from its offset to the end of its log: without
+    ``follow`` the end as it is now, with it the job's end (every byte written
+    before the job finished is sent before the end)."""
+    position = {h: (offsets[i] if i < len(offsets) else 0) for i, h in enumerate(hosts)}
+    # Without follow, a running job's logs are read up to where they end now.
+    stop = None if follow or record.finished else {h: record.log(h).end() for h in hosts}
+    while context.is_active():
+        with record.changed:
+            finished = record.finished
+            version = record.version
+        sent = False
+        for h in hosts:
+            if stop is not None and position[h] >= stop[h]:
+                continue
+            for stream, data, offset in record.log(h).read(position[h]):
+                position[h] = offset
+                sent = True
+                yield pb.Event(host=h, output=pb.Output(stream=stream, data=data,
+                                                        offset=offset))
+        if sent:
+            continue              # read on until a pass finds nothing new
+        if finished:
+            if with_end:
+                yield pb.Event(host=0, end=status_of(record).end)
+            return
+        if not follow:
+            return
+        with record.changed:
+            record.changed.wait_for(lambda: record.version != version, timeout=1.0)
+
+
+def result(record: JobRecord) -> Iterator[pb.Event]:
+    """A finished job's value (when it succeeded), then its final report."""
+    if record.status.phase == pb.JOB_PHASE_SUCCEEDED:
+        with open(os.path.join(record.dir, _worker.RESULT_FILE), "rb") as f:
+            while chunk := f.read(CHUNK_SIZE):
+                yield pb.Event(host=0, result_chunk=chunk)
+    yield pb.Event(host=0, end=record.status.end)

@@ -1,0 +1,75 @@
+"""Receiving a job's payload: streamed to a private file, its size and SHA-256
+checked against the spec, a full disk refused with what to do."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from remote_tpu._core.channels import ERROR_KIND_KEY
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+from . import _worker
+from ._requests import Refused, abort
+
+
+class Uploads:
+    """Payloads arrive in ``state_dir/incoming`` until their job is created;
+    what an earlier agent left there died with it and is removed."""
+
+    def __init__(self, state_dir: str, endpoint: Callable[[], str],
+                 full_message: Callable[[], str]) -> None:
+        self.incoming = os.path.join(state_dir, "incoming")
+        shutil.rmtree(self.incoming, ignore_errors=True)
+        os.makedirs(self.incoming, mode=0o700, exist_ok=True)
+        self._endpoint = endpoint
+        self._full_message = full_message
+
+    def new_file(self, job_id: str) -> str:
+        fd, path = tempfile.mkstemp(dir=self.incoming, prefix=job_id)
+        os.close(fd)
+        return path
+
+    def receive(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest], path: str,
+                context: grpc.ServicerContext) -> None:
+        """Write the payload that follows the spec in ``requests`` to ``path``."""
+        try:
+            self._store(spec, requests, path, context)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            abort(context, Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, "full",
+                f"the agent at {self._endpoint()} cannot store job {spec.job_id}'s payload "
+                f"({spec.payload_size:,} bytes): {self._full_message()}. Nothing was run."))
+
+    def _store(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest], path: str,
+               context: grpc.ServicerContext) -> None:
+        received = 0
+        digest = hashlib.sha256()
+        with open(path, "wb", opener=_worker.private) as f:
+            while received < spec.payload_size:
+                req = next(requests, None)
+                if req is None or not req.HasField("payload_chunk"):
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"payload truncated: got {received} of {spec.payload_size} "
+                                  "bytes")
+                received += len(req.payload_chunk)
+                if received > spec.payload_size:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"payload longer than the announced {spec.payload_size} "
+                                  "bytes")
+                f.write(req.payload_chunk)
+                digest.update(req.payload_chunk)
+        if digest.digest() != spec.payload_sha256:
+            context.set_trailing_metadata(((ERROR_KIND_KEY, "integrity"),))
+            context.abort(grpc.StatusCode.DATA_LOSS,
+                          f"the payload received by the agent at {self._endpoint()} does not "
+                          "match its SHA-256 digest: it was corrupted or altered on the "
+                          "way. Nothing was run.")

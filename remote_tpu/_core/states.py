@@ -1,0 +1,51 @@
+"""The one vocabulary of job and host states.
+
+A job's phase (``JobPhase``, in its status) goes QUEUED -> RUNNING -> one of the
+finished phases. Its final report (``JobEnd.state``, a ``JobState``) names the
+same finished states, under the same names. Each host of a job is in one
+``HostState``. Users see phases by name: ``"TIMED_OUT"``, not ``JOB_PHASE_TIMED_OUT``.
+"""
+
+from __future__ import annotations
+
+from .proto import remote_tpu_pb2 as pb
+
+
+def phase_name(phase: int) -> str:
+    """``pb.JOB_PHASE_TIMED_OUT`` -> ``"TIMED_OUT"``."""
+    return pb.JobPhase.Name(phase).removeprefix("JOB_PHASE_")
+
+
+PHASES = tuple(phase_name(v) for v in pb.JobPhase.values() if v)
+FINISHED = frozenset(v for v in pb.JobPhase.values()
+                     if v not in (pb.JOB_PHASE_UNSPECIFIED, pb.JOB_PHASE_QUEUED,
+                                  pb.JOB_PHASE_RUNNING))
+FINISHED_NAMES = frozenset(phase_name(v) for v in FINISHED)
+
+# A final report's state -> the job's phase of the same name.
+PHASE_OF_END = {v: pb.JobPhase.Value(pb.JobState.Name(v).replace("JOB_STATE_", "JOB_PHASE_"))
+                for v in pb.JobState.values() if v}
+
+# How one host's worker ended -> the phase of that host's own record (a peer's).
+_PHASE_OF_HOST = {
+    pb.HOST_STATE_SUCCEEDED: pb.JOB_PHASE_SUCCEEDED,
+    pb.HOST_STATE_FAILED: pb.JOB_PHASE_FAILED,
+    pb.HOST_STATE_DIED: pb.JOB_PHASE_FAILED,
+    pb.HOST_STATE_CANCELLED: pb.JOB_PHASE_CANCELLED,
+}
+
+
+def phase_of_host(state: int) -> int:
+    return _PHASE_OF_HOST.get(state, pb.JOB_PHASE_FAILED)
+
+
+# A host's state in words, as the caller's error lists every host.
+HOST_STATE_WORDS = {
+    pb.HOST_STATE_PENDING: "never started",
+    pb.HOST_STATE_RUNNING: "still running",
+    pb.HOST_STATE_SUCCEEDED: "succeeded",
+    pb.HOST_STATE_FAILED: "failed",
+    pb.HOST_STATE_DIED: "died",
+    pb.HOST_STATE_CANCELLED: "cancelled",
+    pb.HOST_STATE_LOST: "lost",
+}

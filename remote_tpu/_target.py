@@ -1,0 +1,157 @@
+"""Where a call goes: every form of ``hosts`` -> one slice endpoint.
+
+``hosts`` (``"local"``, an address, a list, ``"tpu://NAME?zone=..."`` or
+``$REMOTE_TPU_HOSTS``) and the caller's token and TLS settings become a
+``Target``: the gateway to call, the host list for the job spec, the
+credentials. ``Target.call`` is the one way calls reach the gateway: it follows
+an agent's redirect to worker 0 of its slice, and, for calls the agent has not
+answered yet, retries refused connections (an agent restarting) for 15 s.
+Call, submit, attach, jobs, doctor and the command line all go through here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import grpc
+import tenacity
+
+from ._core.addresses import Hosts, parse_hosts
+from ._core.auth import TLS
+from ._core.channels import Credentials, Redirect, error_from_rpc, stub
+from ._core.exceptions import AgentUnavailableError, ConfigurationError
+from ._core.proto import remote_tpu_pb2_grpc as pb_grpc
+from ._core.topology import Topology
+
+T = TypeVar("T")
+RETRY_SECONDS = 15.0                        # see _retrying
+_SUBMIT_BASE_SECONDS = 600.0                # see upload_deadline
+_SLOWEST_UPLOAD_BYTES_PER_SECOND = 1_000_000
+_TLS_WORDS = ("ssl", "handshake", "certificate", "tsi_")
+_NOT_LOCAL = ("a local slice lives only as long as the process that started it: use the "
+              "JobHandle that submit() returned there, or run agents with `remote-tpu local` "
+              "/ `remote-tpu-agent` and pass their addresses as hosts=")
+
+
+class Target:
+    """One slice, as a caller reaches it.
+
+    gateway: the agent to call (worker 0 once a redirect was followed).
+    hosts: every host's address (first = gateway) when the caller listed them;
+        empty when the gateway knows its peers itself.
+    """
+
+    def __init__(self, gateway: str, hosts: Sequence[str], credentials: Credentials, *,
+                 local: bool = False) -> None:
+        self.gateway = gateway
+        self.hosts = tuple(hosts)
+        self.credentials = credentials
+        self.local = local
+
+    def __repr__(self) -> str:
+        return f"<Target {self.gateway}{' (local slice)' if self.local else ''}>"
+
+    def stub(self) -> pb_grpc.AgentStub:
+        return stub(self.gateway, self.credentials)
+
+    def call(self, method: Callable[[Target], T], *, retry: bool = False) -> T:
+        """``method(self)``, its gRPC failures turned into our errors. An agent
+        that names another as the slice's gateway is followed, once; with
+        ``retry``, refused connections are retried (see ``_retrying``)."""
+        for redirected in (False, True):
+            try:
+                if retry:
+                    return _retrying(self.gateway)(method, self)
+                return method(self)
+            except grpc.RpcError as exc:
+                err = error_from_rpc(exc, self.gateway)
+                if isinstance(err, Redirect) and not redirected:
+                    self.gateway = err.address
+                    continue
+                raise self.explain(err) from None
+        raise AssertionError("unreachable")
+
+    def explain(self, err: Exception) -> Exception:
+        """``err``, with what a local slice's caller should know added."""
+        if self.local and isinstance(err, AgentUnavailableError):
+            return AgentUnavailableError(f"{err} (a local slice lives only as long as the process "
+                             "that started it)")
+        return err
+
+
+def resolve_target(hosts: str | Sequence[str] | Hosts | None, *,
+                   topology: Topology | None = None, token: str | None = None,
+                   tls: TLS | None = None) -> Target:
+    """The slice behind ``hosts``. With ``topology`` (a call or submission), a
+    local slice of that shape is started on first use, and the slice's own
+    host count and accelerator are checked against it; without (attach, jobs,
+    doctor), ``hosts`` must name agents that already run."""
+    parsed = hosts if isinstance(hosts, Hosts) else parse_hosts(hosts)
+    if parsed.local:
+        if topology is None:
+            raise ConfigurationError(_NOT_LOCAL)
+        from ._local_slice import get_local_slice
+        local = get_local_slice(topology)
+        return Target(local.addresses[0], local.addresses, local.credentials, local=True)
+    addresses = list(parsed.entries)
+    if parsed.tpu_url:
+        from ._cloud import resolve as resolve_tpu
+        addresses, accelerator = resolve_tpu(parsed.tpu_url)
+        if topology is not None:
+            if accelerator:
+                topology.check_same(accelerator, parsed.tpu_url)
+            topology.check_host_count(addresses, parsed.tpu_url)
+    elif topology is not None and len(addresses) > 1:
+        topology.check_host_count(addresses, parsed.source)
+    credentials = Credentials.for_client(token, tls)
+    return Target(addresses[0], addresses if len(addresses) > 1 else (), credentials)
+
+
+def upload_deadline(payload_size: int) -> float:
+    """Seconds Submit may take to upload ``payload_size`` bytes and be answered.
+
+    Keepalive pings (see ``channels.channel_options``) already end a call whose
+    connection or agent host is gone; a deadline is still what ends one whose
+    agent is alive but no longer reads (a full or hung disk, a bug), since gRPC
+    answers pings by itself. A fixed deadline would fail the largest payloads
+    on slow links (16 GiB in 600 s needs 28 MB/s), so it grows with the payload:
+    600 s, plus 1 s per MB (16 GiB: about 5 hours)."""
+    return _SUBMIT_BASE_SECONDS + payload_size / _SLOWEST_UPLOAD_BYTES_PER_SECOND
+
+
+def _retrying(gateway: str) -> tenacity.Retrying:
+    """The retries of a call that the agent has not answered yet (Submit, and Run
+    before its first event), safe because the agent takes a job id only once.
+
+    Only UNAVAILABLE is retried (nothing answered: the agent is restarting, or
+    the connection dropped before any reply), never another status. The budget
+    counts from the call's first attempt, so a call that failed after running
+    for long is not sent again. The channel backs off its own reconnects
+    (``channels.channel_options``: from 0.25 s up to 2 s), and an attempt
+    reaches an agent only after the channel's next try, so an agent back within
+    about 13 s is reached. No agent at all is reported after about 16 s."""
+    return tenacity.Retrying(
+        stop=tenacity.stop_after_delay(RETRY_SECONDS), reraise=True,
+        wait=tenacity.wait_exponential(multiplier=0.25, max=2),
+        retry=tenacity.retry_if_exception(_unavailable),
+        before_sleep=lambda state: _retry_notice(gateway, state))
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """No connection could be made, so nothing reached the agent: it is not
+    listening (yet), as while it restarts, or an SSH tunnel to it accepted and
+    closed. Not a TLS failure, which asking again would not mend."""
+    if not isinstance(exc, grpc.RpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = (exc.details() or "").lower()
+    return "failed to connect to all addresses" in details and \
+        not any(word in details for word in _TLS_WORDS)
+
+
+def _retry_notice(gateway: str, state: tenacity.RetryCallState) -> None:
+    if state.attempt_number == 1:        # once per call, not once per attempt
+        print(f"remote_tpu: no agent answered at {gateway}; retrying for up to "
+              f"{RETRY_SECONDS:.0f} s (if it is not restarting, check that "
+              "`remote-tpu-agent` runs there)", file=sys.stderr, flush=True)
