@@ -1,0 +1,134 @@
+"""The layout the architecture promises, checked from the source:
+
+- the agent imports ``remote_tpu`` only through the shared core ``remote_tpu._core``;
+- the shared core imports nothing of the client's own modules;
+- no import circle in either package (imports inside functions count too);
+- no hand-written module over 400 lines (generated proto code excepted).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+pytestmark = pytest.mark.timeout(30)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = {"remote_tpu": ROOT / "remote_tpu", "remote_tpu_agent": ROOT / "agent"}
+GENERATED = ROOT / "remote_tpu" / "_core" / "proto"
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    found = {}
+    for package, directory in PACKAGES.items():
+        for path in directory.rglob("*.py"):
+            parts = list(path.relative_to(directory).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+    """Every module of ours that ``name`` imports, anywhere in its body."""
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            bases = [alias.name for alias in node.names]
+            names: list[str] = []
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = name.split(".")
+                keep = len(parts) - node.level + (1 if is_package else 0)
+                base = ".".join(parts[:keep] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            bases = [base]
+            names = [alias.name for alias in node.names]
+        else:
+            continue
+        for base in bases:
+            for candidate in [f"{base}.{n}" for n in names] + [base]:
+                if candidate in MODULES:
+                    out.add(candidate)
+                    break
+    out.discard(name)
+    return out
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def test_the_agent_imports_remote_tpu_only_through_the_shared_core():
+    wrong = sorted(f"{name} imports {target}" for name, targets in GRAPH.items()
+                   if name.startswith("remote_tpu_agent") for target in targets
+                   if target.startswith("remote_tpu.") and
+                   not target.startswith("remote_tpu._core"))
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_shared_core_imports_nothing_of_the_client_or_the_agent():
+    wrong = sorted(f"{name} imports {target}" for name, targets in GRAPH.items()
+                   if name.startswith("remote_tpu._core") for target in targets
+                   if not target.startswith("remote_tpu._core"))
+    assert not wrong, "\n".join(wrong)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    # A package's __init__ importing its own modules is not a circle of theirs.
+    graph = {name: {t for t in targets if not name.startswith(t + ".")}
+             for name, targets in GRAPH.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_circle_finder_finds_circles():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_hand_written_module_is_over_400_lines():
+    sizes = {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+             for path in MODULES.values() if GENERATED not in path.parents}
+    assert len(sizes) > 40
+    assert {p: n for p, n in sizes.items() if n > MAX_LINES} == {}
