@@ -31,7 +31,8 @@ class Scheduler:
         self._queue: collections.deque[JobRecord] = collections.deque()
         self._cond = threading.Condition()
         self._current: tuple[JobRecord, GatewayJob | None] | None = None
-        self._early_cancel = ""      # cancelled between leaving the queue and starting
+        # Cancelled between leaving the queue and starting: (reason, state).
+        self._early_cancel: tuple[str, int] | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, daemon=True, name="scheduler")
         self._thread.start()
@@ -65,11 +66,11 @@ class Scheduler:
                     if job is not None:
                         job.cancel(reason, state)
                     else:
-                        self._early_cancel = reason
+                        self._early_cancel = (reason, state)
                     return True
                 return False
-        record.set_phase(pb.JOB_PHASE_CANCELLED, reason, pb.JobEnd(
-            state=pb.JOB_STATE_CANCELLED, root_cause_host=-1, detail=f"{reason} (while queued)"))
+        record.set_phase(PHASE_OF_END[state], reason, pb.JobEnd(
+            state=state, root_cause_host=-1, detail=f"{reason} (while queued)"))
         return True
 
     def stacks(self, job_id: str) -> list[pb.HostStacks] | None:
@@ -87,7 +88,7 @@ class Scheduler:
             current = self._current
             self._cond.notify_all()
         for record in queued:
-            self.cancel(record.job_id, reason)
+            self.cancel(record.job_id, reason, state)
         if current is not None:
             self.cancel(current[0].job_id, reason, state)
         self._thread.join(timeout)
@@ -122,11 +123,11 @@ class Scheduler:
         job = self._make_job(record)
         with self._cond:
             self._current = (record, job)
-            early, self._early_cancel = self._early_cancel, ""
-            if self._stopping:
-                early = early or "the agent is shutting down"
-        if early:
-            job.cancel(early)
+            early, self._early_cancel = self._early_cancel, None
+            if self._stopping and early is None:
+                early = ("the agent is shutting down", pb.JOB_STATE_CANCELLED)
+        if early is not None:
+            job.cancel(*early)
         record.set_phase(pb.JOB_PHASE_RUNNING)
         log.info("job %s: running on %d host(s)", record.job_id, job.n)
         for event in job.run():

@@ -423,10 +423,6 @@ def test_shutdown_on_preemption_ends_the_running_job_preempted(store, jobs):
     assert (s.phase, s.end.state) == (pb.JOB_PHASE_PREEMPTED, pb.JOB_STATE_PREEMPTED)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Scheduler.shutdown cancels queued jobs without its state (and cancel() ignores "
-    "state for a queued job): on preemption the running job ends PREEMPTED but the "
-    "jobs queued behind it end CANCELLED"))
 def test_shutdown_on_preemption_ends_queued_jobs_preempted_too(store, jobs):
     scheduler = Scheduler(jobs)
     a, b = new(store, "a"), new(store, "b")
@@ -439,10 +435,6 @@ def test_shutdown_on_preemption_ends_queued_jobs_preempted_too(store, jobs):
     assert (s.phase, s.end.state) == (pb.JOB_PHASE_PREEMPTED, pb.JOB_STATE_PREEMPTED)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a cancel that comes while make_job is still running keeps only its reason "
-    "(_early_cancel), not its state: shutdown on preemption then ends that job "
-    "CANCELLED, not PREEMPTED"))
 def test_shutdown_on_preemption_while_a_job_is_being_made_ends_it_preempted(store, jobs):
     scheduler = Scheduler(jobs)
     a = new(store, "a")
