@@ -2,8 +2,8 @@
 directory with its payload, every host's output log and process 0's outcome.
 
 Records and logs survive an agent restart; a job that was queued or running when
-its agent died is marked LOST on the next start, its logs kept. The newest
-``keep`` finished jobs are kept; older ones are deleted with their files.
+its agent died is marked LOST on the next start, its logs kept. The ``keep``
+jobs that finished last are kept; older ones are deleted with their files.
 """
 
 from __future__ import annotations
@@ -148,7 +148,10 @@ class JobStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS jobs (job_id TEXT, "
                          "role INTEGER, phase INTEGER, created_at REAL, spec BLOB, "
-                         "status BLOB, PRIMARY KEY (job_id, role))")
+                         "status BLOB, ended_at REAL DEFAULT 0, PRIMARY KEY (job_id, role))")
+        columns = [row[1] for row in self._db.execute("PRAGMA table_info(jobs)")]
+        if "ended_at" not in columns:      # a store written before jobs kept their end
+            self._db.execute("ALTER TABLE jobs ADD COLUMN ended_at REAL DEFAULT 0")
         self._lock = threading.Lock()        # create() is check-then-insert
         self._db_lock = threading.Lock()     # one statement at a time on the connection
         self._save_lock = threading.RLock()
@@ -229,9 +232,10 @@ class JobStore:
             status = record.status.SerializeToString()
             phase = record.status.phase
         try:
-            self._sql("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
+            self._sql("INSERT OR REPLACE INTO jobs (job_id, role, phase, created_at, spec, "
+                      "status, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
                       (record.job_id, record.role, phase, record.status.created_at,
-                       record.spec.SerializeToString(), status))
+                       record.spec.SerializeToString(), status, record.status.ended_at))
         except (sqlite3.Error, OSError) as exc:
             if key not in self._unsaved:
                 log.error("job %s: cannot save its record (%s); it is kept in memory until "
@@ -253,11 +257,13 @@ class JobStore:
         return out
 
     def prune(self) -> None:
-        """Delete the oldest finished jobs beyond ``keep``, and beyond
-        ``max_store_bytes`` all together (the newest finished job stays)."""
+        """Delete the jobs that finished longest ago beyond ``keep``, and beyond
+        ``max_store_bytes`` all together (the job that finished last stays, so a
+        caller can always collect the result of the job that just ended)."""
         try:
             rows = self._sql("SELECT job_id, role FROM jobs WHERE phase NOT IN (?, ?) "
-                             "ORDER BY created_at DESC",
+                             "ORDER BY CASE WHEN ended_at > 0 THEN ended_at "
+                             "ELSE created_at END DESC",
                              (pb.JOB_PHASE_QUEUED, pb.JOB_PHASE_RUNNING))
         except sqlite3.Error as exc:
             log.warning("cannot prune the job store: %s", exc)

@@ -414,11 +414,6 @@ def test_queued_and_running_jobs_are_never_pruned(state):
         store.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "prune() orders finished jobs by created_at, not by when they finished: a job "
-    "that ran while a job queued behind it was cancelled is older than that one, so "
-    "with keep (or max_store_bytes) reached it is deleted, files and all, the moment "
-    "it finishes, before its caller can collect its result"))
 def test_a_job_that_just_finished_is_not_pruned_at_once(state):
     store = JobStore(state, keep=1)
     try:
@@ -532,3 +527,28 @@ def test_a_shared_sticky_directory_is_refused_as_a_state_dir(tmp_path):
         JobStore(str(shared))
     assert mode(shared) == 0o1777                 # left as it was
     assert os.listdir(shared) == []
+
+
+def test_a_store_written_before_jobs_kept_their_end_opens_and_prunes(state):
+    """A jobs.sqlite from an earlier agent (no ended_at column) is upgraded in
+    place: its jobs are listed, and pruning orders them by creation time."""
+    import sqlite3
+
+    os.makedirs(os.path.join(state, "jobs"), mode=0o700)
+    db = sqlite3.connect(os.path.join(state, "jobs.sqlite"), isolation_level=None)
+    db.execute("CREATE TABLE jobs (job_id TEXT, role INTEGER, phase INTEGER, "
+               "created_at REAL, spec BLOB, status BLOB, PRIMARY KEY (job_id, role))")
+    for i in range(2):
+        status = pb.JobStatus(job_id=f"old-{i}", phase=pb.JOB_PHASE_SUCCEEDED,
+                              created_at=1000.0 + i)
+        db.execute("INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
+                   (f"old-{i}", pb.ROLE_GATEWAY, pb.JOB_PHASE_SUCCEEDED, 1000.0 + i,
+                    spec(f"old-{i}").SerializeToString(), status.SerializeToString()))
+    db.close()
+    store = JobStore(state, keep=2)
+    try:
+        assert listed(store) == ["old-1", "old-0"]
+        finish(store, "new")
+        assert listed(store) == ["new", "old-1"]
+    finally:
+        store.close()
