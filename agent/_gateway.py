@@ -27,6 +27,7 @@ from ._scheduler import Scheduler
 from ._store import JobRecord, JobStore
 from ._tpu import TpuGuard
 from ._uploads import Uploads
+from ._warm import WarmSession
 from ._worker_env import num_processes
 
 log = logging.getLogger(__name__)
@@ -89,11 +90,11 @@ class GatewayRole:
         yield from watch(record, hosts, [], follow=True, context=context, with_end=False)
         yield from result_events(record)
 
-    def _make_job(self, record: JobRecord) -> GatewayJob:
+    def _make_job(self, record: JobRecord, warm: WarmSession | None) -> GatewayJob:
         spec = record.spec
         return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
                           payload_path=os.path.join(record.dir, _worker.PAYLOAD_FILE),
                           advertise=self._advertise,
                           peer_credentials=self._config.peer_credentials, tpu=self._tpu,
-                          preempted=self._preempted,
+                          preempted=self._preempted, warm=warm,
                           env_for=lambda i, coord: self._env_for(spec, i, coord))

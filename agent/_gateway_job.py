@@ -4,6 +4,11 @@ host's events into one stream, and enforces fail-fast.
 The first host to fail is the root cause: the gateway stops every other host at
 once (SIGTERM, then SIGKILL to its process group) rather than waiting for JAX's
 heartbeat timeout, then reports every host's final state.
+
+With ``keep_warm`` (or in a warm session, ``_warm``) the workers outlive the
+call: released, they park, and the job is over once every host has parked. A
+call that does not end so ends the session: every worker of it is stopped, here
+and on the peers, and the caller is told the warm state is gone.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from remote_tpu._core.channels import Credentials
 
 from . import _worker
 from ._events import EventQueue
+from ._warm import WarmSession, end_on_peers, new_session_id, session_record
 from ._remote_host import RemoteHost
 from ._runner import WorkerRun
 from ._tpu import TpuBusy, TpuGuard
@@ -33,6 +39,8 @@ log = logging.getLogger(__name__)
 
 _SETTLE_SECONDS = 4.0        # wait this long for every host's final report
 _TIMED_OUT = object()
+WARM_LOST = ("the warm workers were stopped: remote_tpu.state and what was on the devices "
+             "are gone, and the next call starts in fresh workers")
 
 
 class _Cancel:
@@ -79,25 +87,39 @@ class GatewayJob:
     def __init__(self, *, spec: pb.JobSpec, hosts: Sequence[str], job_dir: str,
                  payload_path: str, advertise: str, env_for,
                  peer_credentials: Credentials, tpu: TpuGuard | None = None,
-                 preempted=lambda: False) -> None:
+                 preempted=lambda: False, warm: WarmSession | None = None) -> None:
         self.tpu = tpu
         self._preempted = preempted
         self.spec = spec
         per_host = processes_per_host(spec)
         self.n = len(hosts) * per_host        # JAX processes; "host" below means one of them
         self.events = EventQueue()
-        self.coordinator = join_host_port(advertise, free_port(advertise))
+        # A warm session's workers run this call (reuse), or this call starts one.
+        self.reuse = warm
+        self.session_id = warm.id if warm else (
+            new_session_id() if spec.keep_warm_seconds > 0 else "")
+        self.warm_kept = False           # every host parked: the session goes on
+        self.coordinator = warm.coordinator if warm else \
+            join_host_port(advertise, free_port(advertise))
+        self._peer_credentials = peer_credentials
         self.job_dir = job_dir
         # This host's processes: process 0 (the coordinator) works in job_dir itself.
-        self.locals = []
+        self.locals = list(warm.locals) if warm else []
+        self._local_calls = []
         for k in range(per_host):
             directory = job_dir if k == 0 else os.path.join(job_dir, f"process-{k}")
             os.makedirs(directory, exist_ok=True)
             env = env_for(k, self.coordinator)
             env[_worker.ENV_PAYLOAD] = payload_path
-            self.locals.append(WorkerRun(host=k, job_dir=directory, env=env,
-                                         emit=self.events.put, forward_output=True))
+            self._local_calls.append((directory, env))
+            if not warm:
+                self.locals.append(WorkerRun(host=k, job_dir=directory, env=env,
+                                             emit=self.events.put, forward_output=True,
+                                             warm=bool(self.session_id)))
         self.local = self.locals[0]
+        peer_keep = spec.keep_warm_seconds
+        if warm:
+            peer_keep = max(peer_keep, warm.deadline - time.time())
         self.remotes = []
         for i, address in enumerate(hosts[1:], start=1):
             for k in range(per_host):
@@ -106,6 +128,10 @@ class GatewayJob:
                 peer_spec.role = pb.ROLE_PEER
                 peer_spec.process_id = i * per_host + k
                 peer_spec.coordinator_address = self.coordinator
+                if self.session_id:
+                    peer_spec.warm_session = self.session_id
+                    peer_spec.warm_call = warm.calls + 1 if warm else 1
+                    peer_spec.keep_warm_seconds = peer_keep
                 self.remotes.append(RemoteHost(
                     host=peer_spec.process_id, address=address, spec=peer_spec,
                     payload_path=payload_path, emit=self.events.put,
@@ -142,8 +168,30 @@ class GatewayJob:
             self.events.close()
             for h in self.handles:
                 h.close()
+            if self.session_id and not self.warm_kept:
+                self.end_warm()
             if self.tpu is not None:
                 self.tpu.release()
+
+    def kept_session(self, store) -> WarmSession | None:
+        """The warm session this job's parked workers make (or go on), once it
+        ended with every host parked; None otherwise."""
+        if not self.warm_kept:
+            return None
+        if self.reuse is not None:
+            return self.reuse
+        return WarmSession(session_id=self.session_id, spec=self.spec,
+                           coordinator=self.coordinator, locals_=self.locals,
+                           peers=[r.address for r in self.remotes],
+                           credentials=self._peer_credentials,
+                           record=session_record(store, self.spec, self.session_id))
+
+    def end_warm(self) -> None:
+        """Stop every worker of this call's warm session, here and on the peers."""
+        for local in self.locals:
+            local.stop()
+        end_on_peers(self.session_id, [r.address for r in self.remotes],
+                     self._peer_credentials)
 
     def _preflight(self) -> list[pb.HostReport]:
         """Every peer must answer, accept our credentials and speak our protocol
@@ -176,8 +224,14 @@ class GatewayJob:
 
     def _run(self) -> Iterator[pb.Event]:
         # Process 0 hosts the JAX coordinator: start it first.
-        for local in self.locals:
-            local.start()
+        for local, (directory, env) in zip(self.locals, self._local_calls):
+            if not self.reuse:
+                local.start()
+            elif not local.next_call(job_dir=directory, env=env, emit=self.events.put):
+                self.events.put(pb.Event(host=local.host, exited=pb.HostReport(
+                    host=local.host, state=pb.HOST_STATE_DIED, exited=True,
+                    finished_at=time.time(),
+                    detail="its warm worker had exited since the last call")))
         for remote in self.remotes:
             remote.start()
         deadline = (time.monotonic() + self.spec.timeout_seconds
@@ -277,6 +331,7 @@ class GatewayJob:
         if lost:
             yield from self._fail(pb.JOB_STATE_FAILED)
             return
+        self.warm_kept = bool(self.session_id) and all(r.warm for r in self.reports)
         yield pb.Event(host=0, end=pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
                                              hosts=self.reports,
                                              result_sha256=self.local.result_sha256))
@@ -318,12 +373,15 @@ class GatewayJob:
     def _fail(self, state: int, detail: str = "") -> Iterator[pb.Event]:
         self._stop_all()
         yield from self._settle(forward=True)
+        if self.reuse is not None:
+            detail = f"{detail}; {WARM_LOST}" if detail else WARM_LOST
         preempted = [r.host for r in self.reports if r.preempted]
         if preempted and state in (pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED,
                                    pb.JOB_STATE_PREEMPTED):
             state = pb.JOB_STATE_PREEMPTED
             detail = (f"host {preempted[0]} was preempted (its metadata server says so); "
-                      "the job can be submitted again once the slice is back")
+                      "the job can be submitted again once the slice is back"
+                      + (f"; {WARM_LOST}" if self.reuse is not None else ""))
             yield pb.Event(host=0, end=pb.JobEnd(state=state, root_cause_host=preempted[0],
                                                  hosts=self.reports, detail=detail))
             return

@@ -5,6 +5,11 @@ runs (``role = PEER``). The peer receives the payload, starts the worker, and
 streams its output and exit back; it obeys the gateway's controls on the same
 call (release: the worker may exit; cancel: stop it). A host runs one job's
 workers at a time; when the gateway's call ends early, the worker is stopped.
+
+In a warm session (``keep_warm``) the worker outlives the call: parked once the
+gateway releases it, handed the session's next call, and stopped when the
+gateway ends the session (``Release``), when a call in it fails, or, should
+the gateway never say, a while after the session's idle time has passed.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from ._uploads import Uploads
 log = logging.getLogger(__name__)
 
 STREAMS = 64          # calls from gateways at once: one per process of this host's job
+# A parked warm worker whose gateway never ended its session (the gateway died)
+# is stopped this long after the session's own idle time.
+_ORPHAN_GRACE_SECONDS = 60.0
 
 
 class PeerRole:
@@ -49,6 +57,9 @@ class PeerRole:
         self._job = ""
         self._count = 0
         self._runs: dict[tuple[str, int], WorkerRun] = {}
+        # Warm workers by (session, process id), parked between calls.
+        self._warm: dict[tuple[str, int], WorkerRun] = {}
+        self._warm_lock = threading.Lock()
 
     def stacks(self, job_id: str) -> list[pb.HostStacks] | None:
         """This host's workers' stacks in ``job_id``, or None when it runs none."""
@@ -56,8 +67,58 @@ class PeerRole:
         return [pb.HostStacks(host=run.host, text=run.stacks()) for run in runs] or None
 
     def stop_all(self) -> None:
+        self.release("")
         for run in list(self._runs.values()):
-            run.close()
+            run.stop()
+
+    def release(self, session: str) -> int:
+        """Stop the warm workers of ``session`` ("" = every session); how many."""
+        with self._warm_lock:
+            keys = [key for key in self._warm if session in ("", key[0])]
+            runs = [self._warm.pop(key) for key in keys]
+        for run in runs:
+            run.stop()
+        if runs:
+            log.info("warm session %s: %d worker(s) stopped", session or "(all)", len(runs))
+            self._tpu.release()
+        return len(runs)
+
+    def _warm_run(self, spec: pb.JobSpec, job_dir: str, env: dict[str, str],
+                  emit) -> tuple[WorkerRun, bool]:
+        """The session's parked worker for this process, or a new warm one;
+        whether it is new (to be started)."""
+        key = (spec.warm_session, spec.process_id)
+        with self._warm_lock:
+            run = self._warm.get(key)
+            if spec.warm_call > 1:
+                if run is not None and run.next_call(job_dir=job_dir, env=env, emit=emit):
+                    return run, False
+                self._warm.pop(key, None)
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "warm",
+                              f"the warm worker of process {spec.process_id} on host "
+                              f"{self._endpoint()} is gone (it exited between calls, or its "
+                              "agent restarted)")
+            run = WorkerRun(host=spec.process_id, job_dir=job_dir, env=env, emit=emit,
+                            forward_output=True, warm=True)
+            self._warm[key] = run
+            return run, True
+
+    def _park_watch(self, spec: pb.JobSpec, run: WorkerRun) -> None:
+        """Stop a parked worker that no call and no Release reach in time."""
+        calls = run.calls
+
+        def expire() -> None:
+            key = (spec.warm_session, spec.process_id)
+            with self._warm_lock:
+                if self._warm.get(key) is not run or run.calls != calls or not run.parked:
+                    return
+                del self._warm[key]
+            log.warning("warm session %s: no word from its gateway; stopping process %d",
+                        spec.warm_session, spec.process_id)
+            run.stop()
+        timer = threading.Timer(spec.keep_warm_seconds + _ORPHAN_GRACE_SECONDS, expire)
+        timer.daemon = True
+        timer.start()
 
     def run(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
             context: grpc.ServicerContext) -> Iterator[pb.Event]:
@@ -104,9 +165,16 @@ class PeerRole:
     def _events(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
                 record: JobRecord, context: grpc.ServicerContext) -> Iterator[pb.Event]:
         events = EventQueue()
-        run = WorkerRun(host=spec.process_id, job_dir=record.dir,
-                        env=self._env_for(spec, spec.process_id, spec.coordinator_address),
-                        emit=events.put, forward_output=True)
+        env = self._env_for(spec, spec.process_id, spec.coordinator_address)
+        if spec.warm_session:
+            try:
+                run, new = self._warm_run(spec, record.dir, env, events.put)
+            except Refused as refused:
+                record.set_phase(pb.JOB_PHASE_FAILED, refused.message)
+                abort(context, refused)
+        else:
+            run, new = WorkerRun(host=spec.process_id, job_dir=record.dir, env=env,
+                                 emit=events.put, forward_output=True), True
 
         def obey() -> None:
             try:
@@ -133,7 +201,8 @@ class PeerRole:
         self._runs[(spec.job_id, spec.process_id)] = run
         final = pb.JOB_PHASE_LOST
         try:
-            run.start()
+            if new:
+                run.start()
             threading.Thread(target=obey, daemon=True, name="peer-control").start()
             while True:
                 event = events.get()
@@ -158,6 +227,12 @@ class PeerRole:
             run.close()
             run.finished.wait(5)
             self._runs.pop((spec.job_id, spec.process_id), None)
-            self._tpu.release()
+            if run.parked:
+                self._park_watch(spec, run)
+            else:
+                with self._warm_lock:
+                    if self._warm.get((spec.warm_session, spec.process_id)) is run:
+                        del self._warm[(spec.warm_session, spec.process_id)]
+                self._tpu.release()
             record.set_phase(final, "" if final != pb.JOB_PHASE_LOST else
                              "the gateway went away before this host finished")

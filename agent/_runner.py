@@ -5,6 +5,10 @@ stdout/stderr (read at the file-descriptor level, so output from C and XLA is
 caught too), reads its outcome, and emits ``Event`` messages: ``started``,
 ``output``, ``done`` (the function finished) and finally ``exited`` (the process
 is gone), whose report is the host's final state.
+
+A warm run (``keep_warm``) outlives its call: ``release`` parks it instead of
+letting it exit (its ``exited`` event says ``warm``), and ``next_call`` hands
+the same process the next call, with that call's directory and events.
 """
 
 from __future__ import annotations
@@ -32,15 +36,28 @@ Emit = Callable[[pb.Event], None]
 # Once the worker's process group is gone its pipes end at once, unless a
 # process that left the group (setsid) holds them.
 _ESCAPED_HOLDER_WAIT = 2.0      # below the gateway's _SETTLE_SECONDS
+# What a parked warm worker prints between calls (a thread of the user's) is
+# kept for the next call, up to this much; beyond it is counted and said.
+_PARKED_OUTPUT_BYTES = 1 << 20
+
+
+def _ignore(event: pb.Event) -> None:
+    """Where a parked warm worker's events go: its call is over."""
 
 
 class WorkerRun:
     """One host's worker for one job."""
 
     def __init__(self, *, host: int, job_dir: str, env: Mapping[str, str], emit: Emit,
-                 forward_output: bool, cancel_grace: float = 1.0) -> None:
+                 forward_output: bool, cancel_grace: float = 1.0, warm: bool = False) -> None:
         self.host = host
         self.job_dir = job_dir
+        self.warm = warm
+        self.calls = 1                    # calls this process has been given
+        self.parked = False               # warm, between calls
+        self._parked_output: list[tuple[int, bytes]] = []
+        self._parked_dropped = 0
+        self._stacks_path = os.path.join(job_dir, _worker.STACKS_FILE)
         self._env = dict(env)
         self._emit = emit
         self._forward_output = forward_output
@@ -68,6 +85,8 @@ class WorkerRun:
         env[_worker.ENV_CONTROL_FD] = str(control_r)
         env[_worker.ENV_STATUS_FD] = str(status_w)
         env[_worker.ENV_JOB_DIR] = self.job_dir
+        if self.warm:
+            env[_worker.ENV_WARM] = "1"
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "remote_tpu_agent._worker"],
@@ -94,13 +113,64 @@ class WorkerRun:
                          name=f"worker{self.host}-wait").start()
 
     def release(self) -> None:
-        """Every host has finished: let the worker exit."""
-        if self._control_w is None:
+        """Every host has finished: let the worker exit, or park a warm one
+        that succeeded (its ``exited`` event, marked ``warm``, ends the call)."""
+        if self.warm and self.alive and self.report.state == pb.HOST_STATE_SUCCEEDED:
+            self._park()
             return
+        self._control(_worker.CONTROL_RELEASE)
+
+    def _control(self, message: bytes) -> bool:
+        if self._control_w is None:
+            return False
         try:
-            os.write(self._control_w, _worker.CONTROL_RELEASE)
+            os.write(self._control_w, message)
+            return True
         except OSError:
-            pass
+            return False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and not self._cancelled
+
+    def _park(self) -> None:
+        with self._lock:
+            self.parked = True
+            report = pb.HostReport()
+            report.CopyFrom(self.report)
+            report.warm = True
+        emit, self._emit = self._emit, _ignore    # the call's events end here
+        emit(pb.Event(host=self.host, exited=report))
+        self.finished.set()
+
+    def next_call(self, *, job_dir: str, env: Mapping[str, str], emit: Emit) -> bool:
+        """Hand a parked warm worker its next call; False if it is gone."""
+        changed = {k: v for k, v in env.items() if self._env.get(k) != v}
+        payload = env.get(_worker.ENV_PAYLOAD) or os.path.join(job_dir, _worker.PAYLOAD_FILE)
+        with self._lock:
+            if not (self.parked and self.alive):
+                return False
+            self.parked = False
+            self.calls += 1
+            self.job_dir = job_dir
+            self._emit = emit
+            self._tail = Tail()
+            self.report = pb.HostReport(host=self.host, state=pb.HOST_STATE_RUNNING)
+            self.result_sha256 = b""
+            self.finished.clear()
+            held, self._parked_output = self._parked_output, []
+            dropped, self._parked_dropped = self._parked_dropped, 0
+        self._env.update(changed)
+        assert self.proc is not None
+        emit(pb.Event(host=self.host, started=pb.Started(pid=self.proc.pid)))
+        for stream, data in held:
+            self._emit_output(stream, data)
+        if dropped:
+            self._emit_output(pb.OUTPUT_STREAM_STDERR, (
+                f"\n[remote_tpu: {dropped:,} bytes the warm worker printed between calls "
+                "were dropped; the first MiB is above]\n").encode())
+        return self._control(_worker.next_call_message(
+            job_dir, payload, env.get(_worker.ENV_PAYLOAD_SHA256, ""), changed))
 
     def stacks(self, wait: float = 1.0) -> str:
         """Every thread's Python stack in the worker, as it is now."""
@@ -110,7 +180,7 @@ class WorkerRun:
             # Before the worker has set up its handler, the signal would kill it.
             return ("(the worker is still starting: it can report its stacks once Python "
                     "is up, in a moment)")
-        path = os.path.join(self.job_dir, _worker.STACKS_FILE)
+        path = self._stacks_path
         before = os.path.getsize(path) if os.path.exists(path) else 0
         try:
             os.kill(self.proc.pid, _worker.STACKS_SIGNAL)
@@ -139,7 +209,16 @@ class WorkerRun:
             stop_group(self.proc, self._cancel_grace)
 
     def close(self) -> None:
-        """Called when the job is over: nothing of it may survive."""
+        """Called when the call is over: nothing of it may survive, but a
+        parked warm worker (see ``stop``)."""
+        if self.parked and self.alive:
+            return
+        self.stop()
+
+    def stop(self) -> None:
+        """End the worker, warm or not."""
+        with self._lock:
+            self.parked = False
         if self.proc is not None and self.proc.poll() is None:
             self.cancel()
         if self._control_w is not None:
@@ -170,6 +249,14 @@ class WorkerRun:
         # caught", say) is our doing: kept in the tail only.
         if not shown or not self._forward_output or self._cancelled:
             return
+        with self._lock:
+            if self.parked:
+                if sum(len(d) for _, d in self._parked_output) + len(shown) \
+                        <= _PARKED_OUTPUT_BYTES:
+                    self._parked_output.append((stream, shown))
+                else:
+                    self._parked_dropped += len(shown)
+                return
         for start in range(0, len(shown), CHUNK_SIZE):
             self._emit(pb.Event(host=self.host, output=pb.Output(
                 stream=stream, data=shown[start:start + CHUNK_SIZE])))

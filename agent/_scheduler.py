@@ -3,6 +3,11 @@
 The gateway agent owns the queue. Each job runs in this module's thread; its
 events go to the job store (every host's output, then the final state), where
 watchers, attached callers and later `attach` calls read them.
+
+A warm session (``_warm``) holds the slice between the calls of one caller:
+that caller's next job runs first, in the session's workers (or replaces them
+when its worker-shaping options differ); everyone else's jobs wait until the
+session ends: released, idle past its time, or a call in it failed.
 """
 
 from __future__ import annotations
@@ -11,22 +16,25 @@ import collections
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu._core.states import PHASE_OF_END
+from remote_tpu._core.states import PHASE_OF_END, phase_name
 
 from . import _worker
 from ._gateway_job import GatewayJob
 from ._hostlog import StoreFull
 from ._reports import bound_end
 from ._store import JobRecord
+from ._warm import WarmSession
 
 log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, make_job: Callable[[JobRecord], GatewayJob]) -> None:
+    def __init__(self, make_job: Callable[[JobRecord, WarmSession | None], GatewayJob]
+                 ) -> None:
         self._make_job = make_job
         self._queue: collections.deque[JobRecord] = collections.deque()
         self._cond = threading.Condition()
@@ -34,6 +42,8 @@ class Scheduler:
         # Cancelled between leaving the queue and starting: (reason, state).
         self._early_cancel: tuple[str, int] | None = None
         self._stopping = False
+        self._warm: WarmSession | None = None
+        self._end_warm_after = ""   # release() while a warm call runs: end it after
         self._thread = threading.Thread(target=self._loop, daemon=True, name="scheduler")
         self._thread.start()
 
@@ -44,16 +54,41 @@ class Scheduler:
             self._cond.notify_all()
 
     def _renumber(self) -> None:
-        ahead = self._current[0].job_id if self._current else ""
-        for i, record in enumerate(self._queue):
+        """Each queued job's place. A warm session's own caller goes first."""
+        warm = self._warm if self._current is None else None
+        mine = [r for r in self._queue if warm and r.spec.client_id == warm.owner]
+        others = [r for r in self._queue if not (warm and r.spec.client_id == warm.owner)]
+        ahead = self._current[0].job_id if self._current else (
+            warm.id if warm and not mine else "")
+        for i, record in enumerate(mine + others):
             with record.changed:
                 record.status.queue_position = i + 1
                 record.status.queued_behind = ahead
                 record.touch()
             ahead = record.job_id
 
+    def release(self, reason: str) -> str:
+        """End the slice's warm workers (at once, or once the call running in
+        them is over); what was done, or "" when there were none."""
+        with self._cond:
+            warm = self._warm
+            if warm is None:
+                current = self._current
+                if current is None or current[1] is None or not current[1].session_id:
+                    return ""
+                self._end_warm_after = reason
+                return (f"the warm workers end when the call running in them "
+                        f"({current[0].job_id}) is over")
+            self._warm = None
+            self._renumber()
+            self._cond.notify_all()
+        warm.end(reason)
+        return f"warm session {warm.id} ended after {warm.calls} call(s)"
+
     def cancel(self, job_id: str, reason: str, state: int = pb.JOB_STATE_CANCELLED) -> bool:
         """Cancel a queued or running job; False if this scheduler does not have it."""
+        if self._warm is not None and self._warm.id == job_id:
+            return bool(self.release(reason))
         with self._cond:
             for record in self._queue:
                 if record.job_id == job_id:
@@ -93,18 +128,46 @@ class Scheduler:
             self.cancel(current[0].job_id, reason, state)
         self._thread.join(timeout)
 
+    def _next(self) -> tuple[JobRecord | None, WarmSession | None, str]:
+        """(With ``_cond`` held.) The next job and the warm session it may run
+        in; or no job and a session to end, with why; or (None, None, "") to stop."""
+        while True:
+            warm = self._warm
+            if warm is not None:
+                why = warm.ending or ("the agent is shutting down" if self._stopping else "")
+                if not why and time.time() >= warm.deadline:
+                    why = "released: idle for its keep_warm time"
+                if why:
+                    self._warm = None
+                    return None, warm, why
+                for record in self._queue:
+                    if record.spec.client_id and record.spec.client_id == warm.owner:
+                        self._queue.remove(record)
+                        return record, warm, ""
+                self._cond.wait(max(0.01, warm.deadline - time.time()))
+                continue
+            if self._queue:
+                return self._queue.popleft(), None, ""
+            if self._stopping:
+                return None, None, ""
+            self._cond.wait()
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
-                    self._cond.wait()
-                if self._stopping and not self._queue:
-                    return
-                record = self._queue.popleft()
-                self._current = (record, None)
+                record, warm, why = self._next()
+                if record is not None:
+                    self._current = (record, None)
                 self._renumber()
+            if record is None:
+                if warm is None:
+                    return
+                warm.end(why)
+                with self._cond:
+                    self._renumber()
+                continue
             try:
-                self._run(record)
+                self._run(record, warm)
             except Exception as exc:  # noqa: BLE001 - a job must never stop the queue
                 log.exception("job %s: internal error", record.job_id)
                 record.set_phase(pb.JOB_PHASE_FAILED, f"internal error in the agent: {exc}",
@@ -119,8 +182,60 @@ class Scheduler:
                 except OSError:
                     pass
 
-    def _run(self, record: JobRecord) -> None:
-        job = self._make_job(record)
+    def _usable(self, record: JobRecord, warm: WarmSession | None,
+                notices: list[str]) -> WarmSession | None:
+        """``warm``, if this job can run in it; else it is ended, and a notice
+        for the job's caller says why."""
+        if warm is None:
+            return None
+        differ = warm.differences(record.spec)
+        if not differ and warm.alive():
+            return warm
+        with self._cond:
+            self._warm = None
+        why = (f"{', '.join(differ)} differ{'s' if len(differ) == 1 else ''}" if differ
+               else "its workers had exited since the last call")
+        warm.end(f"replaced by job {record.job_id}: {why}")
+        notices.append(f"the warm workers of {warm.id} were replaced by new ones ({why}); "
+                       "remote_tpu.state started empty")
+        return None
+
+    def _keep_warm(self, record: JobRecord, job: GatewayJob | None,
+                   warm: WarmSession | None, ended_how: str) -> None:
+        """As a job ends (before its caller hears of it): its workers stay as
+        the slice's warm session, or the session it ran in is over."""
+        session = job.kept_session(record.store) if job is not None else None
+        with self._cond:
+            self._current = None            # release() from here on ends the session
+            end_now, self._end_warm_after = self._end_warm_after, ""
+            if self._stopping:
+                end_now = end_now or "the agent is shutting down"
+            if session is not None and not end_now:
+                session.parked_after(record.spec, session.calls + 1)
+                self._warm = session
+                return
+            self._warm = None
+        ended = session or warm
+        if ended is not None:
+            ended.end(end_now or f"call {record.job_id} ended {ended_how}")
+
+    def _run(self, record: JobRecord, warm: WarmSession | None = None) -> None:
+        notices: list[str] = []
+        warm = self._usable(record, warm, notices)
+        job = None
+        kept = False
+        try:
+            job = self._make_job(record, warm)
+            kept = self._follow(record, job, warm, notices)
+        finally:
+            if not kept:
+                self._keep_warm(record, job, warm, "without a final report")
+
+    def _follow(self, record: JobRecord, job: GatewayJob, warm: WarmSession | None,
+                notices: list[str]) -> bool:
+        """Store the job's events; whether its end was seen (and the warm
+        session settled before its caller heard of it)."""
+        ended = False
         with self._cond:
             self._current = (record, job)
             early, self._early_cancel = self._early_cancel, None
@@ -139,10 +254,14 @@ class Scheduler:
                     job.cancel(exc.strerror, pb.JOB_STATE_FAILED)
             elif event.HasField("end"):
                 end = bound_end(event.end, record.job_id)
+                end.notices.extend(notices)
                 dropped = record.dropped_output()
                 if dropped:
                     end.detail = (f"{end.detail}; " if end.detail else "") + (
                         f"{dropped:,} bytes of output could not be stored: "
                         f"{record.store.full_message()}")
+                self._keep_warm(record, job, warm, phase_name(PHASE_OF_END[end.state]))
+                ended = True
                 record.set_phase(PHASE_OF_END[end.state], end.detail, end)
-                log.info("job %s: %s", record.job_id, pb.JobState.Name(end.state))
+                log.info("job %s: %s", record.job_id, phase_name(PHASE_OF_END[end.state]))
+        return ended

@@ -6,7 +6,9 @@ that does the work, and ``create_server`` that builds it.
   jobs with the ``Scheduler`` and runs each as a ``GatewayJob``;
 - Run as a peer (from a gateway): ``PeerRole`` (``_peer``);
 - Watch, Result, Status, ListJobs: ``JobViews`` (``_job_views``) over the store;
-- Cancel, Stacks: the scheduler, or the peer role's workers.
+- Cancel, Stacks: the scheduler, or the peer role's workers;
+- Release: the scheduler's warm session (from a client), or the peer role's
+  warm workers of one session (from a gateway).
 
 Requests are checked in ``_requests``; payloads are received by ``_uploads``;
 long-lived calls take a slot first (``_slots``), so short calls always answer.
@@ -36,7 +38,7 @@ from ._guard import TokenInterceptor
 from ._job_views import JobViews, result, status_of, watch
 from ._peer import PeerRole
 from ._reports import bound_stacks
-from ._requests import checked_spec
+from ._requests import abort, checked_spec, gateway_redirect
 from ._slice_queries import SliceQueries
 from ._slots import RESERVE_THREADS, Slots
 from ._store import JobStore
@@ -171,6 +173,20 @@ class AgentService(pb_grpc.AgentServicer):
         context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                       f"job {record.job_id} is not running "
                       f"({phase_name(record.status.phase)}): it has no stacks")
+
+    def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext
+                ) -> pb.ReleaseReply:
+        if request.session:              # a gateway, for its peers' part of a session
+            count = self.peer.release(request.session)
+            return pb.ReleaseReply(released=bool(count),
+                                   detail=f"{count} warm worker(s) stopped here")
+        detail = self.scheduler.release("released by a caller")
+        if not detail:
+            redirect = gateway_redirect(self.config.slice, self.endpoint)
+            if redirect is not None:
+                abort(context, redirect)
+        return pb.ReleaseReply(released=bool(detail),
+                               detail=detail or "the slice has no warm workers")
 
     # ------------------------------------------------------------ lifetime
 

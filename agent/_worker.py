@@ -8,6 +8,12 @@ end). It leaves with ``os._exit`` and never waits in JAX's shutdown. If the
 agent goes away (its end of the control pipe closes) the worker kills its whole
 process group.
 
+A warm worker (``REMOTE_TPU_WARM=1``, for ``keep_warm``) does not exit after
+its call: it waits on the control pipe for the next call of the same slice
+(``CONTROL_NEXT``: a job directory, payload and environment), runs it in the
+same process, ``jax.distributed`` still initialized and ``remote_tpu.state`` as
+the last call left it, until the agent releases it or goes away.
+
 The contract with the agent is the environment variables below plus two pipes.
 """
 
@@ -18,8 +24,10 @@ import faulthandler
 import hashlib
 import json
 import os
+import queue
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -34,6 +42,7 @@ ENV_INIT_TIMEOUT = "REMOTE_TPU_JAX_INIT_TIMEOUT"
 ENV_HEARTBEAT_TIMEOUT = "REMOTE_TPU_JAX_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "REMOTE_TPU_JAX_SHUTDOWN_TIMEOUT"
 ENV_PAYLOAD_SHA256 = "REMOTE_TPU_PAYLOAD_SHA256"   # hex; checked before unpickling
+ENV_WARM = "REMOTE_TPU_WARM"                  # "1": after a call, wait for the next one
 
 PAYLOAD_FILE = "payload.bin"
 STACKS_FILE = "stacks.txt"      # SIGUSR1 appends every thread's Python stack here
@@ -43,22 +52,48 @@ OUTCOME_FILE = "outcome.json"
 EXCEPTION_FILE = "exception.txt"   # the whole traceback, when the report had to cut it
 STATUS_READY = b"S"             # worker -> agent: the stacks handler is in place
 STATUS_DONE = b"D"
-CONTROL_RELEASE = b"R"
+CONTROL_RELEASE = b"R"          # agent -> worker: exit now
+CONTROL_NEXT = b"N"             # agent -> warm worker: 4-byte length, then a call (JSON)
 
 
-def _watch_control(fd: int, released: threading.Event) -> None:
-    while True:
+def next_call_message(job_dir: str, payload: str, sha256: str,
+                      env: dict[str, str]) -> bytes:
+    """What the agent writes to a warm worker's control pipe for its next call."""
+    body = json.dumps({"job_dir": job_dir, "payload": payload, "sha256": sha256,
+                       "env": env}).encode()
+    return CONTROL_NEXT + struct.pack(">I", len(body)) + body
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
         try:
-            data = os.read(fd, 1)
+            part = os.read(fd, n - len(data))
         except InterruptedError:
             continue
         except OSError:
-            data = b""
-        if data == CONTROL_RELEASE:
-            released.set()
+            part = b""
+        if not part:
+            return b""
+        data += part
+    return data
+
+
+def _watch_control(fd: int, calls: queue.Queue) -> None:
+    """The agent's orders: None = exit (release), a dict = the next call."""
+    while True:
+        kind = _read_exact(fd, 1)
+        if kind == CONTROL_RELEASE:
+            calls.put(None)
             return
-        if not data:   # the agent is gone: nothing of this job may outlive it
-            os.killpg(os.getpgrp(), signal.SIGKILL)
+        if kind == CONTROL_NEXT:
+            head = _read_exact(fd, 4)
+            body = _read_exact(fd, struct.unpack(">I", head)[0]) if head else b""
+            if body:
+                calls.put(json.loads(body))
+                continue
+        # The agent is gone (or garbled its pipe): nothing of this job may outlive it.
+        os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 def _await_coordinator(address: str, timeout: float) -> None:
@@ -143,9 +178,10 @@ def _describe_failure(exc: BaseException, process_id: int, job_dir: str) -> dict
     return info
 
 
-def _silence_output() -> None:
-    """Flush and close our ends of the output pipes, so the agent has read all
-    the user's output before it reads the outcome."""
+def _flush_output(close: bool) -> None:
+    """Flush what the user's code printed (Python's and C's buffers), so the
+    agent has it all before it reads the outcome; with ``close``, also close
+    our ends of the output pipes (a worker that exits after this call)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -155,43 +191,32 @@ def _silence_output() -> None:
         ctypes.CDLL(None).fflush(None)
     except Exception:  # noqa: BLE001
         pass
+    if not close:
+        return
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
     os.dup2(null, 2)
     os.close(null)
 
 
-def main() -> None:
+def _failed(exc: BaseException, phase: str, process_id: int, job_dir: str) -> dict:
+    info = _describe_failure(exc, process_id, job_dir)
+    return {"state": "failed", "phase": phase, "failed_at": time.time(),
+            "exception": {**info, "pickled": info["pickled"].hex()}}
+
+
+def _run_call(call: dict, process_id: int) -> dict:
+    """One call: load the function, call it, keep process 0's value. Returns
+    the outcome to write for the agent."""
     from remote_tpu._core import serialization as _serialization
 
-    job_dir = os.environ[ENV_JOB_DIR]
-    control_fd = int(os.environ[ENV_CONTROL_FD])
-    status_fd = int(os.environ[ENV_STATUS_FD])
-    process_id = int(os.environ["JAX_PROCESS_ID"])
-    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
-    for fd in (control_fd, status_fd):    # not for the user's own subprocesses
-        os.set_inheritable(fd, False)
-
-    # On demand (and on timeout) the agent asks where every thread is; this works
-    # even while the main thread is stuck inside a C call or a collective.
-    stacks_file = open(os.path.join(job_dir, STACKS_FILE), "a", opener=private)
-    faulthandler.register(STACKS_SIGNAL, file=stacks_file, all_threads=True)
-    os.write(status_fd, STATUS_READY)
-
-    released = threading.Event()
-    threading.Thread(target=_watch_control, args=(control_fd, released), daemon=True,
-                     name="remote-tpu-control").start()
-
     outcome: dict = {"state": "succeeded"}
-    phase = "initializing jax.distributed"
+    phase = "loading the function and its arguments"
     try:
-        _initialize_jax(process_id, num_processes)
-        phase = "loading the function and its arguments"
-        payload = os.environ.get(ENV_PAYLOAD) or os.path.join(job_dir, PAYLOAD_FILE)
-        with open(payload, "rb") as f:
+        with open(call["payload"], "rb") as f:
             data = bytearray(os.fstat(f.fileno()).st_size)
             f.readinto(data)
-        if hashlib.sha256(data).hexdigest() != os.environ.get(ENV_PAYLOAD_SHA256):
+        if hashlib.sha256(data).hexdigest() != call["sha256"]:
             raise _serialization.SerializationError(
                 "the payload on this host does not match the digest the client sent; "
                 "nothing was unpickled")
@@ -203,25 +228,54 @@ def main() -> None:
             phase = "pickling the return value"
             payload = _serialization.dumps(value, what="the return value")
             digest = hashlib.sha256()
-            with open(os.path.join(job_dir, RESULT_FILE), "wb", opener=private) as f:
+            with open(os.path.join(call["job_dir"], RESULT_FILE), "wb", opener=private) as f:
                 for part in payload.parts:
                     f.write(part)
                     digest.update(part)
             outcome["result_sha256"] = digest.hexdigest()
         del value
     except BaseException as exc:  # noqa: BLE001 - everything is reported
-        info = _describe_failure(exc, process_id, job_dir)
-        outcome = {
-            "state": "failed",
-            "phase": phase,
-            "failed_at": time.time(),
-            "exception": {**info, "pickled": info["pickled"].hex()},
-        }
-    _write_json_atomic(os.path.join(job_dir, OUTCOME_FILE), outcome)
-    _silence_output()
-    os.write(status_fd, STATUS_DONE)
-    released.wait()
-    os._exit(0)
+        outcome = _failed(exc, phase, process_id, call["job_dir"])
+    return outcome
+
+
+def main() -> None:
+    job_dir = os.environ[ENV_JOB_DIR]
+    control_fd = int(os.environ[ENV_CONTROL_FD])
+    status_fd = int(os.environ[ENV_STATUS_FD])
+    process_id = int(os.environ["JAX_PROCESS_ID"])
+    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
+    warm = os.environ.get(ENV_WARM) == "1"
+    for fd in (control_fd, status_fd):    # not for the user's own subprocesses
+        os.set_inheritable(fd, False)
+
+    # On demand (and on timeout) the agent asks where every thread is; this works
+    # even while the main thread is stuck inside a C call or a collective.
+    stacks_file = open(os.path.join(job_dir, STACKS_FILE), "a", opener=private)
+    faulthandler.register(STACKS_SIGNAL, file=stacks_file, all_threads=True)
+    os.write(status_fd, STATUS_READY)
+
+    calls: queue.Queue = queue.Queue()
+    threading.Thread(target=_watch_control, args=(control_fd, calls), daemon=True,
+                     name="remote-tpu-control").start()
+
+    call = {"job_dir": job_dir,
+            "payload": os.environ.get(ENV_PAYLOAD) or os.path.join(job_dir, PAYLOAD_FILE),
+            "sha256": os.environ.get(ENV_PAYLOAD_SHA256), "env": {}}
+    failure = None
+    try:
+        _initialize_jax(process_id, num_processes)
+    except BaseException as exc:  # noqa: BLE001 - reported as the call's outcome
+        failure = _failed(exc, "initializing jax.distributed", process_id, job_dir)
+    while True:
+        outcome = failure or _run_call(call, process_id)
+        _write_json_atomic(os.path.join(call["job_dir"], OUTCOME_FILE), outcome)
+        _flush_output(close=not warm or failure is not None)
+        os.write(status_fd, STATUS_DONE)
+        call = calls.get()
+        if call is None:
+            os._exit(0)
+        os.environ.update(call["env"])
 
 
 if __name__ == "__main__":

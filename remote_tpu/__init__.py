@@ -14,7 +14,7 @@ from ._core.exceptions import (AgentUnavailableError, AuthenticationError, Confi
                           JobFailedError,
                           JobTimeoutError, RemoteError, RemoteTPUError, RemoteTraceback,
                           SerializationError, VersionMismatchError)
-from ._jobs import JobHandle, JobStatus, attach, jobs
+from ._jobs import JobHandle, JobStatus, attach, jobs, release
 from ._options import JaxTimeouts
 from ._core.topology import Topology
 from ._core.versions import __version__
@@ -39,5 +39,12 @@ __all__ = [
     "__version__",
     "attach",
     "jobs",
+    "release",
     "run",
+    "state",
 ]
+
+#: A dict on each worker process that outlives the call in a warm worker
+#: (``keep_warm``): what the next call should find (params on the devices, a
+#: compiled step, a data iterator). A fresh worker starts with it empty.
+state: dict = {}

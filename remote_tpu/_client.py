@@ -3,7 +3,9 @@ submitted (a handle returned at once). Where it goes is ``_target``'s."""
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +21,19 @@ from ._target import Target, resolve_target, upload_deadline
 
 _STREAM_MODES = {"leader": pb.STREAM_MODE_LEADER, "all": pb.STREAM_MODE_ALL,
                  "none": pb.STREAM_MODE_NONE}
+
+
+_client_id = ("", 0)
+
+
+def client_id() -> str:
+    """This process, as its gateway tells callers apart: its calls share warm
+    workers (a forked child is another caller)."""
+    global _client_id
+    if _client_id[1] != os.getpid():
+        _client_id = (f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+                      os.getpid())
+    return _client_id[0]
 
 
 def new_job_id(name: str) -> str:
@@ -50,6 +65,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) ->
                                     shutdown_seconds=jt.shutdown),
         payload_size=payload.nbytes, devices_per_host=topology.devices_per_host,
         payload_sha256=payload.sha256(), processes_per_host=options.processes_per_host,
+        keep_warm_seconds=options.keep_warm, client_id=client_id(),
     )
 
 

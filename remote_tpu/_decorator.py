@@ -45,6 +45,16 @@ class RemoteFunction(Generic[P, R]):
         payload = dumps_call(self._fn, args, kwargs)
         return submit(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
 
+    def release(self) -> bool:
+        """End this function's slice's warm workers now (``keep_warm``); whether
+        there were any. The next call starts fresh workers."""
+        from ._jobs import release_targets
+        from ._target import running_targets
+
+        o = self.options
+        return release_targets(running_targets(o.hosts, topology=o.topology, token=o.token,
+                                               tls=o.tls))
+
     def local(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the undecorated function in this process."""
         return self._fn(*args, **kwargs)
@@ -65,6 +75,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         token: str | None = None,
         tls: TLS | None = None,
         processes_per_host: int = 1,
+        keep_warm: float | None = None,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -85,6 +96,11 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         certificate (``REMOTE_TPU_TLS_CA``, ``_CERT``, ``_KEY``).
     processes_per_host: JAX processes on each host, sharing its chips evenly
         (process id = host * processes_per_host + k).
+    keep_warm: seconds to keep every host's worker alive, ``jax.distributed``
+        initialized, after a call (``REMOTE_TPU_KEEP_WARM``; default 0 = off).
+        This process's next call with the same slice and worker-shaping options
+        runs in the same processes and finds ``remote_tpu.state`` as the last
+        call left it; other callers' jobs wait. ``fn.release()`` ends them.
     """
     if fn is not None:
         raise ConfigurationError(
@@ -93,7 +109,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
             f"above {getattr(fn, '__qualname__', fn)!r}")
     options = resolve(accelerator=accelerator, hosts=hosts, timeout=timeout, stream=stream,
                       env=env, jax_timeouts=jax_timeouts, token=token, tls=tls,
-                      processes_per_host=processes_per_host)
+                      processes_per_host=processes_per_host, keep_warm=keep_warm)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

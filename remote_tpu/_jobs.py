@@ -17,14 +17,14 @@ from ._core.proto import remote_tpu_pb2 as pb
 from ._core.states import FINISHED_NAMES, phase_name
 from ._outcome import outcome
 from ._render import OutputRenderer
-from ._target import Target, resolve_target
-
+from ._target import Target, resolve_target, running_targets
 
 
 @dataclasses.dataclass(frozen=True)
 class JobStatus:
     """Where a job stands. ``state`` is one of QUEUED, RUNNING, SUCCEEDED,
-    FAILED, CANCELLED, TIMED_OUT, LOST, PREEMPTED."""
+    FAILED, CANCELLED, TIMED_OUT, LOST, PREEMPTED, or WARM: a slice's warm
+    workers between calls (``keep_warm``), kept until ``warm_until``."""
 
     id: str
     state: str
@@ -36,6 +36,7 @@ class JobStatus:
     detail: str
     queued_behind: str | None
     queue_position: int | None
+    warm_until: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -43,7 +44,9 @@ class JobStatus:
 
     @classmethod
     def from_pb(cls, s: pb.JobStatus) -> JobStatus:
-        return cls(id=s.job_id, state=phase_name(s.phase),
+        warm = s.warm_until > 0 and s.phase == pb.JOB_PHASE_RUNNING
+        return cls(id=s.job_id, state="WARM" if warm else phase_name(s.phase),
+                   warm_until=s.warm_until if warm else None,
                    accelerator=s.accelerator, hosts=s.num_hosts, created_at=s.created_at,
                    started_at=s.started_at or None, ended_at=s.ended_at or None,
                    detail=s.detail, queued_behind=s.queued_behind or None,
@@ -176,3 +179,20 @@ def jobs(hosts: str | Sequence[str] | None = None, *, token: str | None = None,
                       "jobs to keep its reply small: pass limit= to list fewer, newest first",
                       stacklevel=2)
     return [JobStatus.from_pb(s) for s in reply.jobs]
+
+
+def release(hosts: str | Sequence[str] | None = None, *, token: str | None = None,
+            tls: TLS | None = None) -> bool:
+    """End the warm workers (``keep_warm``) of the slice behind ``hosts`` now,
+    whoever's they are; whether there were any. ``hosts="local"``: every local
+    slice this process runs."""
+    return release_targets(running_targets(hosts, token=token, tls=tls))
+
+
+def release_targets(targets: Sequence[Target]) -> bool:
+    released = False
+    for target in targets:
+        reply = target.call(lambda t: t.stub().Release(
+            pb.ReleaseRequest(), metadata=t.credentials.metadata, timeout=60))
+        released = released or reply.released
+    return released

@@ -118,6 +118,14 @@ def get_local_slice(topology: Topology) -> LocalSlice:
         return s
 
 
+def running_local_slices(topology: Topology | None = None) -> list[LocalSlice]:
+    """The local slices this process runs now (of ``topology``'s shape only,
+    when given); none is started."""
+    with _lock:
+        return [s for key, s in _slices.items() if s.alive() and (
+            topology is None or key == (topology.hosts, topology.devices_per_host))]
+
+
 def stop_local_slices() -> None:
     with _lock:
         for s in _slices.values():

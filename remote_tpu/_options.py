@@ -40,6 +40,7 @@ class RunOptions:
     token: str | None = dataclasses.field(default=None, repr=False)   # None: look it up per call
     tls: TLS | None = None
     processes_per_host: int = 1
+    keep_warm: float = 0.0            # seconds the workers stay after a call; 0 = none
 
     @property
     def local(self) -> bool:
@@ -73,11 +74,29 @@ def _positive(name: str, value: object, env: str) -> float | None:
     return float(value)
 
 
+def _keep_warm(value: float | None) -> float:
+    """``keep_warm=``: seconds, 0 or None = off (``REMOTE_TPU_KEEP_WARM``)."""
+    if value is None:
+        raw = _from_env("REMOTE_TPU_KEEP_WARM")
+        if raw is None:
+            return 0.0
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigurationError(f"REMOTE_TPU_KEEP_WARM={raw!r} is not a number of "
+                                     "seconds (0 = off)") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not 0 <= value <= 7 * 86400:
+        raise ConfigurationError(f"keep_warm must be a number of seconds from 0 (off) to "
+                                 f"604800 (a week), or None; got {value!r}")
+    return float(value)
+
+
 def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | None,
             timeout: float | None, stream: str | None,
             env: Mapping[str, str] | None, jax_timeouts: JaxTimeouts | None,
             token: str | None = None, tls: TLS | None = None,
-            processes_per_host: int = 1) -> RunOptions:
+            processes_per_host: int = 1, keep_warm: float | None = None) -> RunOptions:
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
@@ -133,4 +152,5 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         stream=mode,
         env=tuple(sorted(env_items)),
         jax_timeouts=jt,
+        keep_warm=_keep_warm(keep_warm),
     )

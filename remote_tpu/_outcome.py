@@ -106,7 +106,10 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
                 end = event.end
             elif kind == "queued":
                 q = event.queued
-                print(f"remote_tpu: job {job_id} is queued behind job {q.queued_behind} "
+                ahead = (f"the warm workers of {q.queued_behind} (another caller's "
+                         "keep_warm; they stay until released or idle)"
+                         if q.queued_behind.startswith("warm-") else f"job {q.queued_behind}")
+                print(f"remote_tpu: job {job_id} is queued behind {ahead} "
                       f"(position {q.queue_position}) on {accelerator}", file=sys.stderr,
                       flush=True)
     except grpc.RpcError as exc:
@@ -119,6 +122,8 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
     if end is None:
         raise AgentUnavailableError(f"the agent at {gateway} ended job {job_id} without a "
                                     "final report; see its log")
+    for notice in end.notices:
+        print(f"remote_tpu: {notice}", file=sys.stderr, flush=True)
     raise_for_end(end, accelerator=accelerator, job_id=job_id)
     data = bytearray(sum(len(c) for c in chunks))
     digest = hashlib.sha256()

@@ -109,6 +109,20 @@ def resolve_target(hosts: str | Sequence[str] | Hosts | None, *,
     return Target(addresses[0], addresses if len(addresses) > 1 else (), credentials)
 
 
+def running_targets(hosts: str | Sequence[str] | Hosts | None, *,
+                    topology: Topology | None = None, token: str | None = None,
+                    tls: TLS | None = None) -> list[Target]:
+    """The slices behind ``hosts`` that run now: for ``"local"``, this
+    process's local slices (of ``topology``'s shape, when given), none started;
+    otherwise the one slice ``resolve_target`` finds."""
+    parsed = hosts if isinstance(hosts, Hosts) else parse_hosts(hosts)
+    if not parsed.local:
+        return [resolve_target(parsed, token=token, tls=tls)]
+    from ._local_slice import running_local_slices
+    return [Target(s.addresses[0], s.addresses, s.credentials, local=True)
+            for s in running_local_slices(topology)]
+
+
 def upload_deadline(payload_size: int) -> float:
     """Seconds Submit may take to upload ``payload_size`` bytes and be answered.
 

@@ -30,6 +30,7 @@ class StandInJob:
         self.job_id = record.job_id
         self.n = n
         self.cancels: list[tuple[str, int]] = []
+        self.session_id = ""             # never warm (keep_warm is tested end to end)
         self.running = threading.Event()
         self.ended = threading.Event()
         self._items: queue.Queue = queue.Queue()
@@ -42,6 +43,9 @@ class StandInJob:
     def stacks(self) -> list[pb.HostStacks]:
         return [pb.HostStacks(host=h, text=f"{self.job_id} host {h}: in main")
                 for h in range(self.n)]
+
+    def kept_session(self, store):
+        return None
 
     def run(self):
         self.running.set()
@@ -84,7 +88,7 @@ class Jobs:
         self.making = threading.Event()
         self.release = threading.Event()
 
-    def __call__(self, record) -> StandInJob:
+    def __call__(self, record, warm=None) -> StandInJob:
         self.made.append(record.job_id)
         if record.job_id in self.hold:
             self.making.set()

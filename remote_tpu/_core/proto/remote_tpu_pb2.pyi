@@ -102,6 +102,20 @@ JOB_STATE_TIMED_OUT: JobState
 JOB_STATE_LOST: JobState
 JOB_STATE_PREEMPTED: JobState
 
+class ReleaseRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    def __init__(self, session: _Optional[str] = ...) -> None: ...
+
+class ReleaseReply(_message.Message):
+    __slots__ = ("released", "detail")
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    detail: str
+    def __init__(self, released: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+
 class DoctorRequest(_message.Message):
     __slots__ = ("hosts",)
     HOSTS_FIELD_NUMBER: _ClassVar[int]
@@ -133,7 +147,7 @@ class JobRef(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "phase", "accelerator", "num_hosts", "created_at", "started_at", "ended_at", "detail", "queued_behind", "queue_position", "existed", "end")
+    __slots__ = ("job_id", "phase", "accelerator", "num_hosts", "created_at", "started_at", "ended_at", "detail", "queued_behind", "queue_position", "existed", "end", "warm_until")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +160,7 @@ class JobStatus(_message.Message):
     QUEUE_POSITION_FIELD_NUMBER: _ClassVar[int]
     EXISTED_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    WARM_UNTIL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     phase: JobPhase
     accelerator: str
@@ -158,7 +173,8 @@ class JobStatus(_message.Message):
     queue_position: int
     existed: bool
     end: JobEnd
-    def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ..., queued_behind: _Optional[str] = ..., queue_position: _Optional[int] = ..., existed: _Optional[bool] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ...) -> None: ...
+    warm_until: float
+    def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ..., queued_behind: _Optional[str] = ..., queue_position: _Optional[int] = ..., existed: _Optional[bool] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., warm_until: _Optional[float] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("job_id", "hosts", "offsets", "follow")
@@ -249,7 +265,7 @@ class JaxTimeouts(_message.Message):
     def __init__(self, initialization_seconds: _Optional[int] = ..., heartbeat_seconds: _Optional[int] = ..., shutdown_seconds: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_sha256", "processes_per_host")
+    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_sha256", "processes_per_host", "keep_warm_seconds", "client_id", "warm_session", "warm_call")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +289,10 @@ class JobSpec(_message.Message):
     DEVICES_PER_HOST_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_SHA256_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_PER_HOST_FIELD_NUMBER: _ClassVar[int]
+    KEEP_WARM_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    WARM_SESSION_FIELD_NUMBER: _ClassVar[int]
+    WARM_CALL_FIELD_NUMBER: _ClassVar[int]
     client_versions: Versions
     job_id: str
     accelerator: str
@@ -289,7 +309,11 @@ class JobSpec(_message.Message):
     devices_per_host: int
     payload_sha256: bytes
     processes_per_host: int
-    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ...) -> None: ...
+    keep_warm_seconds: float
+    client_id: str
+    warm_session: str
+    warm_call: int
+    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., warm_session: _Optional[str] = ..., warm_call: _Optional[int] = ...) -> None: ...
 
 class RunRequest(_message.Message):
     __slots__ = ("spec", "payload_chunk", "control")
@@ -324,7 +348,7 @@ class RemoteException(_message.Message):
     def __init__(self, type_name: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., pickled: _Optional[bytes] = ...) -> None: ...
 
 class HostReport(_message.Message):
-    __slots__ = ("host", "state", "exit_code", "signal", "detail", "last_lines", "exception", "finished_at", "exited", "stacks", "preempted")
+    __slots__ = ("host", "state", "exit_code", "signal", "detail", "last_lines", "exception", "finished_at", "exited", "stacks", "preempted", "warm")
     HOST_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +360,7 @@ class HostReport(_message.Message):
     EXITED_FIELD_NUMBER: _ClassVar[int]
     STACKS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_FIELD_NUMBER: _ClassVar[int]
+    WARM_FIELD_NUMBER: _ClassVar[int]
     host: int
     state: HostState
     exit_code: int
@@ -347,21 +372,24 @@ class HostReport(_message.Message):
     exited: bool
     stacks: str
     preempted: bool
-    def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ..., stacks: _Optional[str] = ..., preempted: _Optional[bool] = ...) -> None: ...
+    warm: bool
+    def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ..., stacks: _Optional[str] = ..., preempted: _Optional[bool] = ..., warm: _Optional[bool] = ...) -> None: ...
 
 class JobEnd(_message.Message):
-    __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_sha256")
+    __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_sha256", "notices")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROOT_CAUSE_HOST_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     RESULT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    NOTICES_FIELD_NUMBER: _ClassVar[int]
     state: JobState
     root_cause_host: int
     hosts: _containers.RepeatedCompositeFieldContainer[HostReport]
     detail: str
     result_sha256: bytes
-    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., root_cause_host: _Optional[int] = ..., hosts: _Optional[_Iterable[_Union[HostReport, _Mapping]]] = ..., detail: _Optional[str] = ..., result_sha256: _Optional[bytes] = ...) -> None: ...
+    notices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., root_cause_host: _Optional[int] = ..., hosts: _Optional[_Iterable[_Union[HostReport, _Mapping]]] = ..., detail: _Optional[str] = ..., result_sha256: _Optional[bytes] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Started(_message.Message):
     __slots__ = ("job_id", "pid", "coordinator_address")

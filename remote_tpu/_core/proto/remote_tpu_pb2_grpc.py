@@ -86,6 +86,11 @@ class AgentStub:
                 request_serializer=remote__tpu__pb2.DoctorRequest.SerializeToString,
                 response_deserializer=remote__tpu__pb2.DoctorReply.FromString,
                 _registered_method=True)
+        self.Release = channel.unary_unary(
+                '/remote_tpu.v1.Agent/Release',
+                request_serializer=remote__tpu__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=remote__tpu__pb2.ReleaseReply.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -166,6 +171,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Release(self, request, context):
+        """End the slice's warm workers now (keep_warm). A gateway asks each of its
+        peers the same, naming the session.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -218,6 +231,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Doctor,
                     request_deserializer=remote__tpu__pb2.DoctorRequest.FromString,
                     response_serializer=remote__tpu__pb2.DoctorReply.SerializeToString,
+            ),
+            'Release': grpc.unary_unary_rpc_method_handler(
+                    servicer.Release,
+                    request_deserializer=remote__tpu__pb2.ReleaseRequest.FromString,
+                    response_serializer=remote__tpu__pb2.ReleaseReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -492,6 +510,33 @@ class Agent:
             '/remote_tpu.v1.Agent/Doctor',
             remote__tpu__pb2.DoctorRequest.SerializeToString,
             remote__tpu__pb2.DoctorReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Release(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/Release',
+            remote__tpu__pb2.ReleaseRequest.SerializeToString,
+            remote__tpu__pb2.ReleaseReply.FromString,
             options,
             channel_credentials,
             insecure,

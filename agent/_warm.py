@@ -1,0 +1,135 @@
+"""Warm sessions (``keep_warm``): a slice's workers kept alive between calls.
+
+After a call with ``keep_warm_seconds`` succeeds on every host, each worker is
+parked instead of exiting, ``jax.distributed`` still initialized. The gateway
+keeps them as one ``WarmSession``: this host's parked ``WorkerRun`` objects, the
+peers that keep theirs (under the session's id), the worker-shaping options they
+were started with, who called, and until when they stay. The next call of the
+same caller with the same options runs in them; a call of the same caller with
+other options replaces them; other callers' jobs wait until the session ends
+(``Release``, the idle time, a failed call, the agent stopping).
+
+The session is listed among the gateway's jobs (its own record, ``warm-...``,
+RUNNING with ``warm_until``), so ``remote-tpu jobs list`` shows who holds the
+slice and until when, and ``remote-tpu jobs cancel warm-...`` ends it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+import grpc
+
+from remote_tpu._core.channels import Credentials, stub
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+from ._runner import WorkerRun
+from ._store import JobRecord
+
+log = logging.getLogger(__name__)
+
+_RELEASE_TIMEOUT = 5.0
+
+
+def new_session_id() -> str:
+    return f"warm-{uuid.uuid4().hex[:12]}"
+
+
+def shaping(spec: pb.JobSpec) -> dict[str, object]:
+    """What a worker was started with and cannot change between calls."""
+    jt = spec.jax_timeouts
+    v = spec.client_versions
+    return {
+        "accelerator": spec.accelerator,
+        "hosts": tuple(spec.hosts),
+        "env": tuple(sorted(spec.env.items())),
+        "processes_per_host": max(1, spec.processes_per_host),
+        "jax_timeouts": (jt.initialization_seconds, jt.heartbeat_seconds,
+                         jt.shutdown_seconds),
+        "devices_per_host": spec.devices_per_host,
+        "client versions": (v.python, v.cloudpickle, v.remote_tpu),
+    }
+
+
+class WarmSession:
+    """A slice's parked workers, between two calls of one caller."""
+
+    def __init__(self, *, session_id: str, spec: pb.JobSpec, coordinator: str,
+                 locals_: Sequence[WorkerRun], peers: Sequence[str],
+                 credentials: Credentials, record: JobRecord) -> None:
+        self.id = session_id
+        self.owner = spec.client_id
+        self.shape = shaping(spec)
+        self.coordinator = coordinator
+        self.locals = list(locals_)
+        self.peers = list(dict.fromkeys(peers))     # agent addresses, once each
+        self.credentials = credentials
+        self.record = record
+        self.calls = 0
+        self.deadline = 0.0
+        self.ending = ""          # set: end once the running call is over
+
+    def differences(self, spec: pb.JobSpec) -> list[str]:
+        """The worker-shaping options in which ``spec`` differs from the session's."""
+        theirs = shaping(spec)
+        return [name for name, value in self.shape.items() if theirs[name] != value]
+
+    def alive(self) -> bool:
+        return all(run.parked and run.alive for run in self.locals)
+
+    def parked_after(self, spec: pb.JobSpec, calls: int) -> None:
+        """A call in the session succeeded: the workers wait ``keep_warm`` more."""
+        self.calls = calls
+        self.deadline = time.time() + spec.keep_warm_seconds
+        with self.record.changed:
+            self.record.status.warm_until = self.deadline
+            self.record.status.detail = (
+                f"warm workers of {self.owner or 'a client'}: {calls} call(s), last "
+                f"{spec.job_id}; idle until {time.strftime('%H:%M:%S', time.localtime(self.deadline))}")
+            self.record.touch()
+        self.record.store.save(self.record)
+
+    def end(self, reason: str) -> None:
+        """Stop every worker of the session, here and on every peer."""
+        for run in self.locals:
+            run.stop()
+        end_on_peers(self.id, self.peers, self.credentials)
+        with self.record.changed:
+            self.record.status.warm_until = 0
+        self.record.set_phase(pb.JOB_PHASE_SUCCEEDED, f"{reason} after {self.calls} call(s)",
+                              pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
+                                        detail=reason))
+        log.info("warm session %s ended: %s", self.id, reason)
+
+
+def end_on_peers(session_id: str, peers: Sequence[str], credentials: Credentials) -> None:
+    """Ask every peer agent to stop the session's workers (in parallel)."""
+    peers = list(dict.fromkeys(peers))
+    if not peers:
+        return
+
+    def release(address: str) -> None:
+        try:
+            stub(address, credentials).Release(pb.ReleaseRequest(session=session_id),
+                                               timeout=_RELEASE_TIMEOUT,
+                                               metadata=credentials.metadata)
+        except grpc.RpcError as exc:
+            # Its own idle watch stops the workers later (see _peer).
+            log.warning("warm session %s: the agent at %s did not confirm the release: %s",
+                        session_id, address, exc.details())
+    with concurrent.futures.ThreadPoolExecutor(len(peers)) as pool:
+        list(pool.map(release, peers))
+
+
+def session_record(store, spec: pb.JobSpec, session_id: str) -> JobRecord:
+    """The session's own entry among the gateway's jobs."""
+    mine = pb.JobSpec(job_id=session_id, accelerator=spec.accelerator,
+                      num_hosts=spec.num_hosts, hosts=spec.hosts, client_id=spec.client_id,
+                      processes_per_host=spec.processes_per_host)
+    record, _ = store.create(mine, pb.ROLE_GATEWAY)
+    record.set_phase(pb.JOB_PHASE_RUNNING, "warm workers starting")
+    return record

@@ -1,0 +1,221 @@
+"""Warm slices (keep_warm): workers that outlive the call, on two real agents
+with real multi-process JAX on CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import remote_tpu
+from conftest import ROOT, Agents, live_workers, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def agents():
+    a = Agents(2)
+    yield a
+    a.stop()
+
+
+@pytest.fixture
+def slice_(agents):
+    """The two agents; every test leaves them with no warm workers."""
+    yield agents
+    remote_tpu.release(hosts=agents.addresses[0], token=agents.token)
+    assert wait_until(lambda: not live_workers(), timeout=10), \
+        f"workers left: {[p.cmdline() for p in live_workers()]}"
+
+
+def _on(agents, **kw):
+    kw.setdefault("stream", "none")
+    return remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0],
+                          token=agents.token, **kw)
+
+
+def _count_step():
+    """Counts its calls in remote_tpu.state; every host's count and pid come back."""
+    import os
+
+    import jax.numpy as jnp
+    from jax.experimental import multihost_utils
+
+    s = remote_tpu.state
+    s["count"] = s.get("count", 0) + 1
+    every = multihost_utils.process_allgather(jnp.array([s["count"], os.getpid()]))
+    return {"counts": every[:, 0].tolist(), "pids": every[:, 1].tolist()}
+
+
+def _other_client(agents, body: str, timeout: float = 120) -> subprocess.Popen:
+    """Another caller (its own process, so its own client id) of the same slice."""
+    code = ("import remote_tpu\n"
+            f"@remote_tpu.run(accelerator='tpu-v4-16', hosts={agents.addresses[0]!r}, "
+            f"token={agents.token!r}, stream='none')\n"
+            f"def other():\n    {body}\n"
+            "print('other returned', other(), flush=True)\n")
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[str, str]:
+    """The other caller's output once it ends (killed if it does not in time)."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
+
+
+def test_warm_calls_keep_state_device_arrays_and_processes(slice_):
+    @_on(slice_, keep_warm=60)
+    def step():
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental import multihost_utils
+
+        s = remote_tpu.state
+        s["count"] = s.get("count", 0) + 1
+        if "x" not in s:                          # placed on the devices in call 1
+            s["x"] = jnp.arange(8.0) * (jax.process_index() + 1)
+            s["where"] = (id(s["x"]), s["x"].unsafe_buffer_pointer())
+        x = s["x"]
+        same = (id(x), x.unsafe_buffer_pointer()) == s["where"] and not x.is_deleted()
+        total = jax.jit(lambda v: v.sum())(x)
+        every = multihost_utils.process_allgather(
+            jnp.array([s["count"], int(same), os.getpid(), int(total)]))
+        return every.tolist()
+
+    import os
+    results = [step() for _ in range(3)]
+    for call, rows in enumerate(results, start=1):
+        assert [r[0] for r in rows] == [call, call]          # every host counted
+        assert [r[1] for r in rows] == [1, 1]                # the same array, unmoved
+        assert [r[3] for r in rows] == [28, 56]              # host-specific data
+    assert len({tuple(r[2] for r in rows) for rows in results}) == 1   # same processes
+    assert len(live_workers()) == 2          # parked, still there after the call
+
+
+def test_other_options_replace_the_warm_workers_and_say_so(slice_, capfd):
+    first = _on(slice_, keep_warm=60, env={"FLAVOUR": "a"})(_count_step)
+    second = _on(slice_, keep_warm=60, env={"FLAVOUR": "b"})(_count_step)
+    a1, a2 = first(), first()
+    assert a2["counts"] == [2, 2] and a2["pids"] == a1["pids"]
+    capfd.readouterr()
+    b = second()
+    assert b["counts"] == [1, 1]                     # fresh workers, empty state
+    assert not set(b["pids"]) & set(a1["pids"])
+    err = capfd.readouterr().err
+    assert "remote_tpu: the warm workers of warm-" in err and "were replaced" in err
+    assert "env differs" in err
+
+
+def test_release_ends_every_worker_and_the_next_call_starts_fresh(slice_):
+    step = _on(slice_, keep_warm=60)(_count_step)
+    pids = step()["pids"]
+    assert {p.pid for p in live_workers()} == set(pids)
+    assert step.release() is True
+    assert wait_until(lambda: not live_workers(), timeout=10)
+    assert step.release() is False                  # nothing left to release
+    again = step()
+    assert again["counts"] == [1, 1] and not set(again["pids"]) & set(pids)
+
+
+def test_idle_time_ends_the_workers_and_the_listing_shows_the_session(slice_):
+    step = _on(slice_, keep_warm=3)(_count_step)
+    step()
+    warm = [j for j in remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)
+            if j.state == "WARM"]
+    assert len(warm) == 1 and warm[0].id.startswith("warm-")
+    assert time.time() < warm[0].warm_until <= time.time() + 3.5
+    cli = subprocess.run([sys.executable, "-m", "remote_tpu", "jobs", "list", "--hosts",
+                          slice_.addresses[0]], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "REMOTE_TPU_TOKEN": slice_.token})
+    assert f"{warm[0].id}" in cli.stdout and "WARM" in cli.stdout and "idle until" in cli.stdout
+    assert wait_until(lambda: not live_workers(), timeout=15)
+    ended = remote_tpu.attach(warm[0].id, hosts=slice_.addresses[0],
+                              token=slice_.token).status()
+    assert ended.state == "SUCCEEDED" and "idle" in ended.detail
+
+
+def test_a_failed_warm_call_names_the_host_ends_the_workers_and_the_next_starts_empty(slice_):
+    @_on(slice_, keep_warm=60)
+    def step(fail: bool):
+        import jax
+
+        remote_tpu.state["count"] = remote_tpu.state.get("count", 0) + 1
+        if fail and jax.process_index() == 1:
+            raise ValueError("bad batch on host 1")
+        return remote_tpu.state["count"]
+
+    assert step(False) == 1 and step(False) == 2
+    with pytest.raises(ValueError, match="bad batch") as info:
+        step(True)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "raised on host 1 of 2" in notes
+    assert "warm workers were stopped" in notes and "remote_tpu.state" in notes
+    assert wait_until(lambda: not live_workers(), timeout=10)
+    assert step(False) == 1
+
+
+def test_a_cancelled_warm_call_ends_the_workers_and_says_so(slice_):
+    @_on(slice_, keep_warm=60)
+    def step(sleep: float):
+        import time
+
+        time.sleep(sleep)
+        return os.getpid()
+
+    import os
+    step(0)
+    handle = step.submit(300)                        # this caller's: runs warm
+    assert wait_until(lambda: handle.status().state == "RUNNING", timeout=30)
+    handle.cancel()
+    assert wait_until(lambda: not live_workers(), timeout=5)
+    with pytest.raises(remote_tpu.JobFailedError, match="warm workers were stopped"):
+        handle.result(timeout=30)
+
+
+def test_another_callers_job_waits_for_the_release(slice_):
+    step = _on(slice_, keep_warm=120)(_count_step)
+    step()
+    other = _other_client(slice_, "return 'ran'")
+    try:
+        assert wait_until(lambda: any(j.state == "QUEUED" for j in remote_tpu.jobs(
+            hosts=slice_.addresses[0], token=slice_.token)), timeout=60)
+        time.sleep(1)
+        assert other.poll() is None                  # still waiting behind the session
+        assert step()["counts"] == [2, 2]            # the owner's calls go first
+        assert remote_tpu.release(hosts=slice_.addresses[0], token=slice_.token) is True
+    finally:
+        out, err = _finish(other)
+    assert other.returncode == 0, err
+    assert "other returned ran" in out
+    assert "queued behind the warm workers of warm-" in err
+
+
+def test_another_callers_job_runs_after_the_idle_time(slice_):
+    step = _on(slice_, keep_warm=4)(_count_step)
+    step()
+    other = _other_client(slice_, "return 'ran'")
+    out, err = _finish(other)
+    assert other.returncode == 0, err
+    assert "other returned ran" in out
+
+
+def test_keep_warm_is_checked_when_decorating(monkeypatch):
+    with pytest.raises(remote_tpu.ConfigurationError, match="keep_warm must be"):
+        remote_tpu.run(accelerator="tpu-v4-16", keep_warm=-1)
+    with pytest.raises(remote_tpu.ConfigurationError, match="keep_warm must be"):
+        remote_tpu.run(accelerator="tpu-v4-16", keep_warm="60")
+    monkeypatch.setenv("REMOTE_TPU_KEEP_WARM", "soon")
+    with pytest.raises(remote_tpu.ConfigurationError, match="REMOTE_TPU_KEEP_WARM"):
+        remote_tpu.run(accelerator="tpu-v4-16")
+    monkeypatch.setenv("REMOTE_TPU_KEEP_WARM", "30")
+    assert remote_tpu.run(accelerator="tpu-v4-16")(lambda: 0).options.keep_warm == 30.0
+    assert remote_tpu.run(accelerator="tpu-v4-16", keep_warm=0)(
+        lambda: 0).options.keep_warm == 0.0
