@@ -195,7 +195,10 @@ class GatewayJob:
 
     def _preflight(self) -> list[pb.HostReport]:
         """Every peer must answer, accept our credentials and speak our protocol
-        before anything starts anywhere."""
+        before anything starts anywhere (in a warm session they did when it
+        started; a peer gone since fails its call, and so the session)."""
+        if self.reuse is not None:
+            return []
         first = {}                    # one check per peer agent, whatever its processes
         for remote in self.remotes:
             first.setdefault(remote.address, remote)

@@ -47,13 +47,14 @@ class JobViews:
 
     def list(self, limit: int, context: grpc.ServicerContext) -> pb.ListJobsReply:
         """Summaries (no final reports), newest first, as many as fit one reply.
-        A host that is not its slice's gateway, and was never asked to be one,
-        sends the caller to the gateway."""
+        A host that is not its slice's gateway always sends the caller to the
+        gateway, whose jobs are the slice's (a job that a client ran with this
+        host first in its own host list is still found here by its id)."""
+        redirect = gateway_redirect(self._slice, self._endpoint())
+        if redirect is not None:
+            abort(context, redirect)
         reply = pb.ListJobsReply()
         statuses = self.store.list(limit=limit)
-        redirect = gateway_redirect(self._slice, self._endpoint())
-        if not statuses and redirect is not None:
-            abort(context, redirect)
         size = 0
         for i, status in enumerate(statuses):
             summary = pb.JobStatus()

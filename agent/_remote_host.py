@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from remote_tpu._core.channels import Credentials, error_from_rpc, health, stub
+from remote_tpu._core.channels import (Credentials, error_from_rpc, forget_if_unavailable,
+                                       health, stub)
 from remote_tpu._core.limits import CHUNK_SIZE
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.versions import differences
@@ -50,10 +51,11 @@ class RemoteHost:
             reply = health(self.address, self._credentials, attempts=2)
         except Exception as exc:  # noqa: BLE001 - every failure is reported
             return f"agent at {self.address} cannot take the job: {exc}"
-        problems = differences(reply.versions)
+        problems = differences(reply.versions, there=f"on the agent at {self.address}",
+                               here="on the gateway")
         if problems:
             return (f"agent at {self.address} cannot work with the gateway: "
-                    + "; ".join(problems).replace(" here", " on the gateway"))
+                    + "; ".join(problems))
         if reply.tpu_busy:
             return f"cannot start on {self.address}: {reply.tpu_busy}"
         return ""
@@ -63,8 +65,9 @@ class RemoteHost:
 
     def stacks(self) -> str:
         try:
-            reply = stub(self.address, self._credentials).Stacks(pb.JobRef(job_id=self._spec.job_id), timeout=5,
-                                metadata=self._credentials.metadata)
+            reply = stub(self.address, self._credentials).Stacks(
+                pb.JobRef(job_id=self._spec.job_id), timeout=5,
+                metadata=self._credentials.metadata)
         except grpc.RpcError as exc:
             return f"(the agent at {self.address} did not answer: {exc.details()})"
         return "\n".join(h.text for h in reply.hosts if h.host == self.host) or "(no stacks)"
@@ -118,6 +121,7 @@ class RemoteHost:
                 else:
                     self._emit(event)
         except grpc.RpcError as exc:
+            forget_if_unavailable(exc, self.address, self._credentials)
             if not self._closed.is_set():
                 log.warning("peer %d at %s: %s", self.host, self.address, exc.details())
             detail = f"agent at {self.address} failed: {exc.code().name}: {exc.details()}"

@@ -68,7 +68,8 @@ def _read_spec(requests: Iterator[pb.RunRequest], endpoint: str,
                       "a Run call must start with a JobSpec")
     spec = first.spec
     try:
-        check_compatible(spec.client_versions, sender=f"the client of the agent at {endpoint}")
+        check_compatible(spec.client_versions, sender="this client",
+                         receiver=f"the agent at {endpoint}")
     except Exception as exc:  # noqa: BLE001 - VersionMismatchError, reported as it is
         raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "version", str(exc)) from None
     if not valid_job_id(spec.job_id):
@@ -124,7 +125,13 @@ def hosts_for(spec: pb.JobSpec, found: Slice, endpoint: str) -> list[str]:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "config", str(exc)) from None
     hosts = list(spec.hosts) or list(found.peers) or [endpoint]
     try:
-        topology.check_host_count(hosts, f"the slice behind the agent at {endpoint}")
+        if spec.hosts:
+            topology.check_host_count(hosts, "the job's host list")
+        else:
+            topology.check_host_count(
+                hosts, f"the slice behind the agent at {endpoint}",
+                f"Use the accelerator this slice really is (`remote-tpu-agent --print-slice` "
+                f"on a host shows what its agent found: its --peers, or its metadata).")
     except ConfigurationError as exc:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "config", str(exc)) from None
     return hosts

@@ -113,10 +113,10 @@ class WorkerRun:
                          name=f"worker{self.host}-wait").start()
 
     def release(self) -> None:
-        """Every host has finished: let the worker exit, or park a warm one
-        that succeeded (its ``exited`` event, marked ``warm``, ends the call)."""
-        if self.warm and self.alive and self.report.state == pb.HOST_STATE_SUCCEEDED:
-            self._park()
+        """Every host has finished: let the worker exit. (A warm worker parked
+        itself as soon as its function returned: no process exits, so none
+        can leave a peer in a collective.)"""
+        if self.parked:
             return
         self._control(_worker.CONTROL_RELEASE)
 
@@ -316,6 +316,8 @@ class WorkerRun:
                 "type_name": type(exc).__name__, "message": f"unreadable outcome: {exc!r}",
                 "traceback": "", "pickled": ""}})
         self._emit(pb.Event(host=self.host, done=report))
+        if self.warm and report.state == pb.HOST_STATE_SUCCEEDED and self.alive:
+            self._park()              # its exited event (warm) ends this call here
 
     def _report_of(self, outcome: dict) -> pb.HostReport:
         with self._lock:

@@ -43,7 +43,8 @@ class SliceQueries:
             if i == me:
                 return pb.HostHealth(host=i, address=peers[i], health=self.health())
             try:
-                reply = health(peers[i], credentials, attempts=1)
+                # Any address a client names: not kept in the shared cache.
+                reply = health(peers[i], credentials, attempts=1, shared=False)
             except Exception as exc:  # noqa: BLE001 - reported, not raised
                 return pb.HostHealth(host=i, address=peers[i], error=str(exc))
             return pb.HostHealth(host=i, address=peers[i], health=reply)

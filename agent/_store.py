@@ -23,6 +23,7 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.states import FINISHED, phase_name
 
 from ._hostlog import DEFAULT_MAX_LOG_BYTES, HostLog, StoreFull
+from ._worker import PAYLOAD_FILE
 
 log = logging.getLogger(__name__)
 
@@ -146,12 +147,17 @@ class JobStore:
                 os.chmod(path, 0o600)
         self._db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS jobs (job_id TEXT, "
                          "role INTEGER, phase INTEGER, created_at REAL, spec BLOB, "
-                         "status BLOB, ended_at REAL DEFAULT 0, PRIMARY KEY (job_id, role))")
+                         "status BLOB, ended_at REAL DEFAULT 0, bytes INTEGER, "
+                         "PRIMARY KEY (job_id, role))")
         columns = [row[1] for row in self._db.execute("PRAGMA table_info(jobs)")]
-        if "ended_at" not in columns:      # a store written before jobs kept their end
-            self._db.execute("ALTER TABLE jobs ADD COLUMN ended_at REAL DEFAULT 0")
+        # Columns a store written by an earlier agent lacks: when a job ended, and
+        # how much its files take (measured once, when it ended; NULL = not yet).
+        for column, kind in (("ended_at", "REAL DEFAULT 0"), ("bytes", "INTEGER")):
+            if column not in columns:
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
         self._lock = threading.Lock()        # create() is check-then-insert
         self._db_lock = threading.Lock()     # one statement at a time on the connection
         self._save_lock = threading.RLock()
@@ -261,7 +267,7 @@ class JobStore:
         ``max_store_bytes`` all together (the job that finished last stays, so a
         caller can always collect the result of the job that just ended)."""
         try:
-            rows = self._sql("SELECT job_id, role FROM jobs WHERE phase NOT IN (?, ?) "
+            rows = self._sql("SELECT job_id, role, bytes FROM jobs WHERE phase NOT IN (?, ?) "
                              "ORDER BY CASE WHEN ended_at > 0 THEN ended_at "
                              "ELSE created_at END DESC",
                              (pb.JOB_PHASE_QUEUED, pb.JOB_PHASE_RUNNING))
@@ -269,8 +275,15 @@ class JobStore:
             log.warning("cannot prune the job store: %s", exc)
             return
         total = 0
-        for i, (job_id, role) in enumerate(rows):
-            total += _tree_size(self._dir(job_id, role))
+        for i, (job_id, role, size) in enumerate(rows):
+            if size is None:            # measured once: a finished job's files stay as they are
+                size = _tree_size(self._dir(job_id, role))
+                try:
+                    self._sql("UPDATE jobs SET bytes = ? WHERE job_id = ? AND role = ?",
+                              (size, job_id, role))
+                except sqlite3.Error:
+                    pass
+            total += size
             if i >= self.keep or (i > 0 and total > self.max_store_bytes):
                 self._delete(job_id, role)
 
@@ -288,9 +301,12 @@ class JobStore:
 
 
 def _tree_size(path: str) -> int:
+    """What a finished job's files take (its payload, deleted as it ends, aside)."""
     total = 0
     for directory, _, files in os.walk(path):
         for name in files:
+            if name == PAYLOAD_FILE:
+                continue
             try:
                 total += os.path.getsize(os.path.join(directory, name))
             except OSError:

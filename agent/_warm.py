@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from remote_tpu._core.channels import Credentials, stub
+from remote_tpu._core.channels import Credentials, forget_if_unavailable, stub
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from ._runner import WorkerRun
@@ -118,6 +118,7 @@ def end_on_peers(session_id: str, peers: Sequence[str], credentials: Credentials
                                                timeout=_RELEASE_TIMEOUT,
                                                metadata=credentials.metadata)
         except grpc.RpcError as exc:
+            forget_if_unavailable(exc, address, credentials)
             # Its own idle watch stops the workers later (see _peer).
             log.warning("warm session %s: the agent at %s did not confirm the release: %s",
                         session_id, address, exc.details())

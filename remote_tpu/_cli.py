@@ -90,6 +90,14 @@ def _jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _release(args: argparse.Namespace) -> int:
+    from ._jobs import release
+
+    released = release(_hosts_arg(args.hosts))
+    print("warm workers stopped" if released else "the slice had no warm workers")
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from ._doctor import doctor, format_table
 
@@ -121,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("hosts", nargs="?", default="", help="an agent address of the slice "
                                                         "(default REMOTE_TPU_HOSTS)")
     d.set_defaults(func=_doctor)
+    r = sub.add_parser("release", help="end a slice's warm workers (keep_warm) now")
+    r.add_argument("--hosts", default="", help="an agent address of the slice "
+                                               "(default REMOTE_TPU_HOSTS)")
+    r.set_defaults(func=_release)
     j = sub.add_parser("jobs", help="jobs on a slice: list, status, logs, result, cancel, "
                                     "stacks (--hosts or REMOTE_TPU_HOSTS)")
     jsub = j.add_subparsers(dest="action", required=True)

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 
 from ._core.auth import TLS
-from ._core.channels import error_from_rpc
+from ._core.channels import error_from_rpc, forget_if_unavailable
 from ._core.exceptions import ConfigurationError, JobTimeoutError
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.states import FINISHED_NAMES, phase_name
@@ -77,9 +77,12 @@ class JobHandle:
             request, metadata=t.credentials.metadata, **kwargs))
 
     def _error(self, exc: grpc.RpcError) -> Exception:
+        forget_if_unavailable(exc, self._target.gateway, self._target.credentials)
         return self._target.explain(error_from_rpc(exc, self._target.gateway))
 
     def _stream(self, method: str, request: Any, **kwargs: Any) -> Any:
+        """A streaming call, not retried nor redirected: the handle's target is
+        already the job's gateway (submit and attach went there first)."""
         return getattr(self._target.stub(), method)(
             request, metadata=self._target.credentials.metadata, **kwargs)
 

@@ -20,7 +20,8 @@ import tenacity
 
 from ._core.addresses import Hosts, parse_hosts
 from ._core.auth import TLS
-from ._core.channels import Credentials, Redirect, error_from_rpc, stub
+from ._core.channels import (Credentials, Redirect, error_from_rpc, forget_if_unavailable,
+                             stub)
 from ._core.exceptions import AgentUnavailableError, ConfigurationError
 from ._core.proto import remote_tpu_pb2_grpc as pb_grpc
 from ._core.topology import Topology
@@ -30,9 +31,12 @@ RETRY_SECONDS = 15.0                        # see _retrying
 _SUBMIT_BASE_SECONDS = 600.0                # see upload_deadline
 _SLOWEST_UPLOAD_BYTES_PER_SECOND = 1_000_000
 _TLS_WORDS = ("ssl", "handshake", "certificate", "tsi_")
-_NOT_LOCAL = ("a local slice lives only as long as the process that started it: use the "
-              "JobHandle that submit() returned there, or run agents with `remote-tpu local` "
-              "/ `remote-tpu-agent` and pass their addresses as hosts=")
+_LOCAL_LIFETIME = "a local slice lives only as long as the process that started it"
+_NOT_LOCAL = ("hosts='local' names no slice that can be reached from here: only a call or "
+              f"submit() starts a local slice, and {_LOCAL_LIFETIME}. Start one that other "
+              "processes can reach with `remote-tpu local --accelerator NAME` and pass the "
+              "addresses it prints as hosts= (in the process that submitted a job, its "
+              "JobHandle reaches it)")
 
 
 class Target:
@@ -63,8 +67,8 @@ class Target:
         for redirected in (False, True):
             try:
                 if retry:
-                    return _retrying(self.gateway)(method, self)
-                return method(self)
+                    return _retrying(self.gateway)(self._attempt, method)
+                return self._attempt(method)
             except grpc.RpcError as exc:
                 err = error_from_rpc(exc, self.gateway)
                 if isinstance(err, Redirect) and not redirected:
@@ -73,11 +77,17 @@ class Target:
                 raise self.explain(err) from None
         raise AssertionError("unreachable")
 
+    def _attempt(self, method: Callable[[Target], T]) -> T:
+        try:
+            return method(self)
+        except grpc.RpcError as exc:
+            forget_if_unavailable(exc, self.gateway, self.credentials)
+            raise
+
     def explain(self, err: Exception) -> Exception:
         """``err``, with what a local slice's caller should know added."""
         if self.local and isinstance(err, AgentUnavailableError):
-            return AgentUnavailableError(f"{err} (a local slice lives only as long as the process "
-                             "that started it)")
+            return AgentUnavailableError(f"{err} ({_LOCAL_LIFETIME})")
         return err
 
 
@@ -102,7 +112,8 @@ def resolve_target(hosts: str | Sequence[str] | Hosts | None, *,
         if topology is not None:
             if accelerator:
                 topology.check_same(accelerator, parsed.tpu_url)
-            topology.check_host_count(addresses, parsed.tpu_url)
+            topology.check_host_count(addresses, parsed.tpu_url,
+                                      "Use the accelerator the slice really is.")
     elif topology is not None and len(addresses) > 1:
         topology.check_host_count(addresses, parsed.source)
     credentials = Credentials.for_client(token, tls)

@@ -62,6 +62,8 @@ def test_gateway_address_alone_reaches_its_configured_peers(two_agents):
         f()
     assert "tpu-v5litepod-8 has 1 host(s), but the slice behind the agent" in str(info.value)
     assert "lists 2" in str(info.value)
+    assert "--print-slice" in str(info.value)                 # what to do: not "list hosts"
+    assert "give only the gateway's address" not in str(info.value)
 
     @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0],
                     token=two_agents.token)
@@ -104,7 +106,7 @@ def test_health_reports_versions_and_slice(two_agents):
 def test_python_version_mismatch_names_both_versions(two_agents):
     err = _refusal(two_agents.addresses[0], _spec(python="3.9.18"), two_agents.token)
     assert isinstance(err, remote_tpu.VersionMismatchError)
-    assert "Python 3.9.18 there" in str(err) and f"{sys.version_info.minor}" in str(err)
+    assert "Python 3.9.18 on this client" in str(err) and f"{sys.version_info.minor}" in str(err)
 
 
 @pytest.mark.parametrize("job_id", ["../../etc", "", "a/b", "x" * 65])

@@ -322,8 +322,10 @@ def test_version_mismatch_is_reported_with_both_versions():
                                            metadata=local.credentials.metadata))
     err = error_from_rpc(info.value, address)
     assert isinstance(err, remote_tpu.VersionMismatchError)
-    assert "protocol 999 (remote_tpu 9.9.9)" in str(err)
-    assert f"protocol {PROTOCOL_VERSION} (remote_tpu {remote_tpu.__version__})" in str(err)
+    assert f"this client cannot work with the agent at {address}" in str(err)
+    assert "protocol 999 (remote_tpu 9.9.9) on this client" in str(err)
+    assert (f"protocol {PROTOCOL_VERSION} (remote_tpu {remote_tpu.__version__}) on the agent "
+            f"at {address}") in str(err)
 
 
 def test_unreachable_gateway_is_a_clear_error():

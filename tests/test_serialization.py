@@ -149,7 +149,8 @@ def test_python_and_cloudpickle_mismatch_names_both_versions():
     with pytest.raises(VersionMismatchError) as info:
         ser.loads(data)
     msg = str(info.value)
-    assert "Python 3.9.1 there" in msg and "cloudpickle 0.0.1 there" in msg
+    assert "Python 3.9.1 on the sender of this value" in msg
+    assert "cloudpickle 0.0.1 on the sender of this value" in msg and "on this process" in msg
     assert f"{sys.version_info.major}.{sys.version_info.minor}" in msg
 
 

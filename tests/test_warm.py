@@ -11,7 +11,9 @@ import time
 import pytest
 
 import remote_tpu
-from conftest import ROOT, Agents, live_workers, wait_until
+import psutil
+
+from conftest import ROOT, Agents, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -23,13 +25,31 @@ def agents():
     a.stop()
 
 
+def _workers(agents: Agents) -> list[psutil.Process]:
+    """The live worker processes of these agents (not of anything else running)."""
+    found = []
+    for proc in agents.procs:
+        try:
+            children = psutil.Process(proc.pid).children()
+        except psutil.NoSuchProcess:
+            continue
+        for child in children:
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and \
+                        "remote_tpu_agent._worker" in " ".join(child.cmdline()):
+                    found.append(child)
+            except psutil.NoSuchProcess:
+                continue
+    return found
+
+
 @pytest.fixture
 def slice_(agents):
     """The two agents; every test leaves them with no warm workers."""
     yield agents
     remote_tpu.release(hosts=agents.addresses[0], token=agents.token)
-    assert wait_until(lambda: not live_workers(), timeout=10), \
-        f"workers left: {[p.cmdline() for p in live_workers()]}"
+    assert wait_until(lambda: not _workers(agents), timeout=10), \
+        f"workers left: {[p.cmdline() for p in _workers(agents)]}"
 
 
 def _on(agents, **kw):
@@ -97,7 +117,7 @@ def test_warm_calls_keep_state_device_arrays_and_processes(slice_):
         assert [r[1] for r in rows] == [1, 1]                # the same array, unmoved
         assert [r[3] for r in rows] == [28, 56]              # host-specific data
     assert len({tuple(r[2] for r in rows) for rows in results}) == 1   # same processes
-    assert len(live_workers()) == 2          # parked, still there after the call
+    assert len(_workers(slice_)) == 2          # parked, still there after the call
 
 
 def test_other_options_replace_the_warm_workers_and_say_so(slice_, capfd):
@@ -117,10 +137,14 @@ def test_other_options_replace_the_warm_workers_and_say_so(slice_, capfd):
 def test_release_ends_every_worker_and_the_next_call_starts_fresh(slice_):
     step = _on(slice_, keep_warm=60)(_count_step)
     pids = step()["pids"]
-    assert {p.pid for p in live_workers()} == set(pids)
+    assert {p.pid for p in _workers(slice_)} == set(pids)
     assert step.release() is True
-    assert wait_until(lambda: not live_workers(), timeout=10)
+    assert wait_until(lambda: not _workers(slice_), timeout=10)
     assert step.release() is False                  # nothing left to release
+    cli = subprocess.run([sys.executable, "-m", "remote_tpu", "release", "--hosts",
+                          slice_.addresses[0]], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "REMOTE_TPU_TOKEN": slice_.token})
+    assert cli.returncode == 0 and "no warm workers" in cli.stdout, cli.stderr
     again = step()
     assert again["counts"] == [1, 1] and not set(again["pids"]) & set(pids)
 
@@ -136,10 +160,10 @@ def test_idle_time_ends_the_workers_and_the_listing_shows_the_session(slice_):
                           slice_.addresses[0]], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "REMOTE_TPU_TOKEN": slice_.token})
     assert f"{warm[0].id}" in cli.stdout and "WARM" in cli.stdout and "idle until" in cli.stdout
-    assert wait_until(lambda: not live_workers(), timeout=15)
-    ended = remote_tpu.attach(warm[0].id, hosts=slice_.addresses[0],
-                              token=slice_.token).status()
-    assert ended.state == "SUCCEEDED" and "idle" in ended.detail
+    assert wait_until(lambda: not _workers(slice_), timeout=15)
+    session = remote_tpu.attach(warm[0].id, hosts=slice_.addresses[0], token=slice_.token)
+    assert wait_until(lambda: session.status().state == "SUCCEEDED", timeout=10)
+    assert "idle" in session.status().detail
 
 
 def test_a_failed_warm_call_names_the_host_ends_the_workers_and_the_next_starts_empty(slice_):
@@ -158,7 +182,7 @@ def test_a_failed_warm_call_names_the_host_ends_the_workers_and_the_next_starts_
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "raised on host 1 of 2" in notes
     assert "warm workers were stopped" in notes and "remote_tpu.state" in notes
-    assert wait_until(lambda: not live_workers(), timeout=10)
+    assert wait_until(lambda: not _workers(slice_), timeout=10)
     assert step(False) == 1
 
 
@@ -175,7 +199,7 @@ def test_a_cancelled_warm_call_ends_the_workers_and_says_so(slice_):
     handle = step.submit(300)                        # this caller's: runs warm
     assert wait_until(lambda: handle.status().state == "RUNNING", timeout=30)
     handle.cancel()
-    assert wait_until(lambda: not live_workers(), timeout=5)
+    assert wait_until(lambda: not _workers(slice_), timeout=5)
     with pytest.raises(remote_tpu.JobFailedError, match="warm workers were stopped"):
         handle.result(timeout=30)
 

@@ -58,6 +58,10 @@ def channel_options(overrides: dict[str, int | str] | None = None) -> list[tuple
         # and more); the client retries refused connects for 15 s.
         "grpc.initial_reconnect_backoff_ms": 250,
         "grpc.max_reconnect_backoff_ms": 2000,
+        # A channel's connections are its own: a new channel to an agent that
+        # has just restarted connects at once, instead of sharing the failed
+        # connection (and its backoff) of a channel that was dropped (``forget``).
+        "grpc.use_local_subchannel_pool": 1,
     }
     options.update(overrides or {})
     return list(options.items())
@@ -140,15 +144,34 @@ _channels: dict[tuple[str, Credentials], grpc.Channel] = {}
 _channels_lock = threading.Lock()
 
 
+def _channel_key(address: str, credentials: Credentials) -> tuple[str, Credentials]:
+    return address, dataclasses.replace(credentials, token=None)
+
+
 def shared_channel(address: str, credentials: Credentials) -> grpc.Channel:
     """One long-lived channel per agent and TLS setting, for this process (the
-    token travels per call, so it is not part of the key)."""
-    key = (address, dataclasses.replace(credentials, token=None))
+    token travels per call, so it is not part of the key). A call that finds
+    no agent there should ``forget`` it: the next call then connects afresh at
+    once, instead of waiting out the old channel's reconnect backoff (an agent
+    that has just restarted is reached by the very next call)."""
+    key = _channel_key(address, credentials)
     with _channels_lock:
         channel = _channels.get(key)
         if channel is None:
             channel = _channels[key] = credentials.channel(address)
         return channel
+
+
+def forget(address: str, credentials: Credentials) -> None:
+    """Drop the shared channel to ``address`` (calls still on it go on)."""
+    with _channels_lock:
+        _channels.pop(_channel_key(address, credentials), None)
+
+
+def forget_if_unavailable(exc: BaseException, address: str, credentials: Credentials) -> None:
+    """After a failed call: a channel that found no agent is not kept."""
+    if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.UNAVAILABLE:
+        forget(address, credentials)
 
 
 def error_from_rpc(exc: grpc.RpcError, address: str) -> RemoteTPUError:
@@ -194,8 +217,22 @@ def stub(address: str, credentials: Credentials) -> pb_grpc.AgentStub:
 
 
 def health(address: str, credentials: Credentials, *, attempts: int = 3,
-           timeout: float = 5) -> pb.HealthReply:
-    """Ask the agent for its versions, retrying only on transient faults."""
+           timeout: float = 5, shared: bool = True) -> pb.HealthReply:
+    """Ask the agent for its versions, retrying only on transient faults.
+    ``shared=False``: on a channel of its own, closed after (for addresses
+    asked once, which the shared cache should not keep)."""
+    def ask() -> pb.HealthReply:
+        if not shared:
+            with credentials.channel(address) as channel:
+                return pb_grpc.AgentStub(channel).Health(
+                    pb.HealthRequest(), timeout=timeout, metadata=credentials.metadata)
+        try:
+            return stub(address, credentials).Health(
+                pb.HealthRequest(), timeout=timeout, metadata=credentials.metadata)
+        except grpc.RpcError as exc:
+            forget_if_unavailable(exc, address, credentials)
+            raise
+
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(attempts),
         wait=tenacity.wait_exponential(multiplier=0.2, max=2),
@@ -204,7 +241,6 @@ def health(address: str, credentials: Credentials, *, attempts: int = 3,
         reraise=True,
     )
     try:
-        return retrying(stub(address, credentials).Health, pb.HealthRequest(),
-                        timeout=timeout, metadata=credentials.metadata)
+        return retrying(ask)
     except grpc.RpcError as exc:
         raise error_from_rpc(exc, address) from None

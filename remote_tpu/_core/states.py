@@ -16,7 +16,6 @@ def phase_name(phase: int) -> str:
     return pb.JobPhase.Name(phase).removeprefix("JOB_PHASE_")
 
 
-PHASES = tuple(phase_name(v) for v in pb.JobPhase.values() if v)
 FINISHED = frozenset(v for v in pb.JobPhase.values()
                      if v not in (pb.JOB_PHASE_UNSPECIFIED, pb.JOB_PHASE_QUEUED,
                                   pb.JOB_PHASE_RUNNING))

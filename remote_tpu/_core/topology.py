@@ -103,14 +103,15 @@ class Topology:
     def devices(self) -> int:
         return self.devices_per_host * self.hosts
 
-    def check_host_count(self, addresses: Sequence[str], where: str) -> None:
-        """The one check that a slice's host list fits this accelerator."""
+    def check_host_count(self, addresses: Sequence[str], where: str, advice: str = (
+            "Use the accelerator the slice really is, or list every host of the slice "
+            "(first = gateway), or give only the gateway's address.")) -> None:
+        """The one check that a slice's host list fits this accelerator; ``advice``
+        says what the one who made the list can do about it."""
         if len(addresses) != self.hosts:
             raise ConfigurationError(
                 f"{self.name} has {self.hosts} host(s), but {where} lists "
-                f"{len(addresses)}: {', '.join(addresses)}. Use the accelerator the slice "
-                "really is, or list every host of the slice (first = gateway), or give "
-                "only the gateway's address.")
+                f"{len(addresses)}: {', '.join(addresses)}. {advice}")
 
     def check_same(self, actual: str, where: str) -> None:
         """The one check that a slice's own accelerator type is this one."""

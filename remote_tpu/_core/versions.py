@@ -49,8 +49,8 @@ def versions_pb() -> pb.Versions:
                        jax=str(v["jax"]))
 
 
-def differences(theirs: Mapping[str, Any] | pb.Versions, *, releases: bool = False
-                ) -> list[str]:
+def differences(theirs: Mapping[str, Any] | pb.Versions, *, releases: bool = False,
+                there: str = "there", here: str = "here") -> list[str]:
     """What differs between ``theirs`` and this process that stops them working
     together: the wire protocol; the Python minor version and the cloudpickle
     release (cloudpickle ships code objects by value, which load only in the
@@ -59,29 +59,30 @@ def differences(theirs: Mapping[str, Any] | pb.Versions, *, releases: bool = Fal
     but should not differ on one slice). Empty when nothing matters."""
     if isinstance(theirs, pb.Versions):
         theirs = {f: getattr(theirs, f) for f in _FIELDS}
-    there = {f: str(theirs.get(f, "") or "?") for f in _FIELDS}
-    here = {f: str(v) for f, v in local_versions().items()}
+    a = {f: str(theirs.get(f, "") or "?") for f in _FIELDS}       # theirs
+    b = {f: str(v) for f, v in local_versions().items()}          # ours
     problems = []
-    if there["protocol"] != here["protocol"]:
-        problems.append(f"protocol {there['protocol']} (remote_tpu {there['remote_tpu']}) "
-                        f"there, protocol {here['protocol']} (remote_tpu "
-                        f"{here['remote_tpu']}) here")
-    if there["python"].split(".")[:2] != here["python"].split(".")[:2]:
-        problems.append(f"Python {there['python']} there, {here['python']} here")
-    if there["cloudpickle"] != here["cloudpickle"]:
-        problems.append(f"cloudpickle {there['cloudpickle']} there, {here['cloudpickle']} here")
+    if a["protocol"] != b["protocol"]:
+        problems.append(f"protocol {a['protocol']} (remote_tpu {a['remote_tpu']}) {there}, "
+                        f"protocol {b['protocol']} (remote_tpu {b['remote_tpu']}) {here}")
+    if a["python"].split(".")[:2] != b["python"].split(".")[:2]:
+        problems.append(f"Python {a['python']} {there}, {b['python']} {here}")
+    if a["cloudpickle"] != b["cloudpickle"]:
+        problems.append(f"cloudpickle {a['cloudpickle']} {there}, {b['cloudpickle']} {here}")
     if releases:
         for name in ("remote_tpu", "jax"):
-            if here[name] and there[name] != here[name]:
-                problems.append(f"{name} {there[name]} there, {here[name]} here")
+            if b[name] and a[name] != b[name]:
+                problems.append(f"{name} {a[name]} {there}, {b[name]} {here}")
     return problems
 
 
-def check_compatible(theirs: Mapping[str, Any] | pb.Versions, *, sender: str) -> None:
-    """Raise VersionMismatchError when ``differences`` finds any."""
-    problems = differences(theirs)
+def check_compatible(theirs: Mapping[str, Any] | pb.Versions, *, sender: str,
+                     receiver: str = "this process") -> None:
+    """Raise VersionMismatchError when ``differences`` finds any, naming both
+    sides: ``sender`` (whose versions are ``theirs``) and ``receiver`` (us)."""
+    problems = differences(theirs, there=f"on {sender}", here=f"on {receiver}")
     if problems:
         raise VersionMismatchError(
-            f"{sender} cannot work with this process: " + "; ".join(problems)
+            f"{sender} cannot work with {receiver}: " + "; ".join(problems)
             + ". Install the same remote_tpu release, Python minor version and cloudpickle "
             "release on the client and on every host.")
