@@ -28,6 +28,7 @@ from ._store import JobRecord, JobStore
 from ._tpu import TpuGuard
 from ._uploads import Uploads
 from ._warm import WarmSession
+from ._worker_pipe import INLINE_BYTES
 from ._worker_env import num_processes
 
 log = logging.getLogger(__name__)
@@ -58,19 +59,23 @@ class GatewayRole:
             hosts = hosts_for(spec, self._config.slice, self._endpoint())
         except Refused as r:
             abort(context, r)
-        path = self._uploads.new_file(spec.job_id)
+        path = self._uploads.new_file(spec.job_id) if spec.payload_size > INLINE_BYTES else ""
         try:
-            self._uploads.receive(spec, requests, path, context)
+            payload = self._uploads.receive(spec, requests, path, context)
             spec.num_hosts = len(hosts)
             spec.hosts[:] = hosts
             record, created = self._store.create(spec, pb.ROLE_GATEWAY)
             if created:
-                os.replace(path, os.path.join(record.dir, _worker.PAYLOAD_FILE))
+                if isinstance(payload, bytes):
+                    record.payload = payload
+                else:
+                    record.payload = os.path.join(record.dir, _worker.PAYLOAD_FILE)
+                    os.replace(path, record.payload)
                 self.scheduler.submit(record)
                 log.info("job %s: queued (%d host(s))", spec.job_id, len(hosts))
             return record, created
         finally:
-            if os.path.exists(path):
+            if path and os.path.exists(path):
                 os.unlink(path)
 
     def run_attached(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
@@ -93,7 +98,7 @@ class GatewayRole:
     def _make_job(self, record: JobRecord, warm: WarmSession | None) -> GatewayJob:
         spec = record.spec
         return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
-                          payload_path=os.path.join(record.dir, _worker.PAYLOAD_FILE),
+                          payload=record.payload,
                           advertise=self._advertise,
                           peer_credentials=self._config.peer_credentials, tpu=self._tpu,
                           preempted=self._preempted, warm=warm,

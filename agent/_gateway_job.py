@@ -27,9 +27,9 @@ from remote_tpu._core.addresses import join_host_port
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.channels import Credentials
 
-from . import _worker
+from ._call import Call
 from ._events import EventQueue
-from ._warm import WarmSession, end_on_peers, new_session_id, session_record
+from ._warm import WarmSession, new_session_id, session_record
 from ._remote_host import RemoteHost
 from ._runner import WorkerRun
 from ._tpu import TpuBusy, TpuGuard
@@ -85,7 +85,7 @@ class GatewayJob:
     """One job, seen from its gateway."""
 
     def __init__(self, *, spec: pb.JobSpec, hosts: Sequence[str], job_dir: str,
-                 payload_path: str, advertise: str, env_for,
+                 payload: bytes | str, advertise: str, env_for,
                  peer_credentials: Credentials, tpu: TpuGuard | None = None,
                  preempted=lambda: False, warm: WarmSession | None = None) -> None:
         self.tpu = tpu
@@ -108,34 +108,30 @@ class GatewayJob:
         self._local_calls = []
         for k in range(per_host):
             directory = job_dir if k == 0 else os.path.join(job_dir, f"process-{k}")
-            os.makedirs(directory, exist_ok=True)
-            env = env_for(k, self.coordinator)
-            env[_worker.ENV_PAYLOAD] = payload_path
-            self._local_calls.append((directory, env))
+            if k:
+                os.makedirs(directory, exist_ok=True)
+            call = Call(job_dir=directory, env=env_for(k, self.coordinator), payload=payload,
+                        sha256=spec.payload_sha256.hex())
+            self._local_calls.append(call)
             if not warm:
-                self.locals.append(WorkerRun(host=k, job_dir=directory, env=env,
-                                             emit=self.events.put, forward_output=True,
-                                             warm=bool(self.session_id)))
+                self.locals.append(WorkerRun(host=k, call=call, emit=self.events.put,
+                                             forward_output=True, warm=bool(self.session_id)))
         self.local = self.locals[0]
-        peer_keep = spec.keep_warm_seconds
-        if warm:
-            peer_keep = max(peer_keep, warm.deadline - time.time())
-        self.remotes = []
-        for i, address in enumerate(hosts[1:], start=1):
+        self.payload = payload
+        self._peer_specs = []
+        for i in range(1, len(hosts)):
             for k in range(per_host):
                 peer_spec = pb.JobSpec()
                 peer_spec.CopyFrom(spec)
                 peer_spec.role = pb.ROLE_PEER
                 peer_spec.process_id = i * per_host + k
                 peer_spec.coordinator_address = self.coordinator
-                if self.session_id:
-                    peer_spec.warm_session = self.session_id
-                    peer_spec.warm_call = warm.calls + 1 if warm else 1
-                    peer_spec.keep_warm_seconds = peer_keep
-                self.remotes.append(RemoteHost(
-                    host=peer_spec.process_id, address=address, spec=peer_spec,
-                    payload_path=payload_path, emit=self.events.put,
-                    credentials=peer_credentials))
+                peer_spec.keep_warm_seconds = 1 if self.session_id else 0     # open: warm
+                self._peer_specs.append((hosts[i], peer_spec))
+        self.remotes = list(warm.remotes) if warm else [
+            RemoteHost(host=s.process_id, address=address, spec=s, payload=payload,
+                       emit=self.events.put, credentials=peer_credentials)
+            for address, s in self._peer_specs]
         self.handles = [*self.locals, *self.remotes]
         self.reports = [pb.HostReport(host=i, state=pb.HOST_STATE_PENDING)
                         for i in range(self.n)]
@@ -173,25 +169,26 @@ class GatewayJob:
             if self.tpu is not None:
                 self.tpu.release()
 
+    def result_data(self) -> bytes | None:
+        """Process 0's pickled value when it came inline (else it is in the
+        job directory's result file)."""
+        return self.local.result
+
     def kept_session(self, store) -> WarmSession | None:
         """The warm session this job's parked workers make (or go on), once it
         ended with every host parked; None otherwise."""
         if not self.warm_kept:
             return None
-        if self.reuse is not None:
-            return self.reuse
-        return WarmSession(session_id=self.session_id, spec=self.spec,
-                           coordinator=self.coordinator, locals_=self.locals,
-                           peers=[r.address for r in self.remotes],
-                           credentials=self._peer_credentials,
-                           record=session_record(store, self.spec, self.session_id))
+        return self.reuse or WarmSession(
+            session_id=self.session_id, spec=self.spec, coordinator=self.coordinator,
+            locals_=self.locals, remotes=self.remotes,
+            record=session_record(store, self.spec, self.session_id))
 
     def end_warm(self) -> None:
-        """Stop every worker of this call's warm session, here and on the peers."""
-        for local in self.locals:
-            local.stop()
-        end_on_peers(self.session_id, [r.address for r in self.remotes],
-                     self._peer_credentials)
+        """Stop every worker of this call's warm session, here and on the peers
+        (ending a peer's call ends its worker)."""
+        for handle in self.handles:
+            handle.stop()
 
     def _preflight(self) -> list[pb.HostReport]:
         """Every peer must answer, accept our credentials and speak our protocol
@@ -227,16 +224,21 @@ class GatewayJob:
 
     def _run(self) -> Iterator[pb.Event]:
         # Process 0 hosts the JAX coordinator: start it first.
-        for local, (directory, env) in zip(self.locals, self._local_calls):
+        for local, call in zip(self.locals, self._local_calls):
             if not self.reuse:
                 local.start()
-            elif not local.next_call(job_dir=directory, env=env, emit=self.events.put):
+            elif not local.next_call(call, self.events.put):
                 self.events.put(pb.Event(host=local.host, exited=pb.HostReport(
                     host=local.host, state=pb.HOST_STATE_DIED, exited=True,
                     finished_at=time.time(),
                     detail="its warm worker had exited since the last call")))
-        for remote in self.remotes:
-            remote.start()
+        for remote, (_, spec) in zip(self.remotes, self._peer_specs):
+            if not self.reuse:
+                remote.start()
+            elif not remote.next_call(spec, self.payload, self.events.put):
+                self.events.put(pb.Event(host=remote.host, exited=pb.HostReport(
+                    host=remote.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
+                    detail=f"agent at {remote.address} dropped the warm session's call")))
         deadline = (time.monotonic() + self.spec.timeout_seconds
                     if self.spec.timeout_seconds > 0 else None)
         timer = None

@@ -4,18 +4,21 @@ A gateway sends each of its peers one ``Run`` call per JAX process that host
 runs (``role = PEER``). The peer receives the payload, starts the worker, and
 streams its output and exit back; it obeys the gateway's controls on the same
 call (release: the worker may exit; cancel: stop it). A host runs one job's
-workers at a time; when the gateway's call ends early, the worker is stopped.
+workers at a time; when the gateway's call ends, the worker is stopped.
 
-In a warm session (``keep_warm``) the worker outlives the call: parked once the
-gateway releases it, handed the session's next call, and stopped when the
-gateway ends the session (``Release``), when a call in it fails, or, should
-the gateway never say, a while after the session's idle time has passed.
+In a warm session (``keep_warm``) that call stays open between calls: once the
+function has returned the worker parks (its ``exited`` event says ``warm``),
+and the session's next call comes on the same call (``next_call``, then its
+payload) and runs in the same worker. The gateway ends the session by ending
+the call; a gateway that dies or drops off the network ends it too, since gRPC's
+keepalive then ends the call.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 from collections.abc import Callable, Iterator
 
@@ -25,6 +28,7 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.states import phase_of_host
 
 from . import _worker
+from ._call import Call
 from ._events import EventQueue
 from ._hostlog import StoreFull
 from ._requests import Refused, abort
@@ -36,9 +40,6 @@ from ._uploads import Uploads
 log = logging.getLogger(__name__)
 
 STREAMS = 64          # calls from gateways at once: one per process of this host's job
-# A parked warm worker whose gateway never ended its session (the gateway died)
-# is stopped this long after the session's own idle time.
-_ORPHAN_GRACE_SECONDS = 60.0
 
 
 class PeerRole:
@@ -57,9 +58,6 @@ class PeerRole:
         self._job = ""
         self._count = 0
         self._runs: dict[tuple[str, int], WorkerRun] = {}
-        # Warm workers by (session, process id), parked between calls.
-        self._warm: dict[tuple[str, int], WorkerRun] = {}
-        self._warm_lock = threading.Lock()
 
     def stacks(self, job_id: str) -> list[pb.HostStacks] | None:
         """This host's workers' stacks in ``job_id``, or None when it runs none."""
@@ -67,58 +65,8 @@ class PeerRole:
         return [pb.HostStacks(host=run.host, text=run.stacks()) for run in runs] or None
 
     def stop_all(self) -> None:
-        self.release("")
         for run in list(self._runs.values()):
             run.stop()
-
-    def release(self, session: str) -> int:
-        """Stop the warm workers of ``session`` ("" = every session); how many."""
-        with self._warm_lock:
-            keys = [key for key in self._warm if session in ("", key[0])]
-            runs = [self._warm.pop(key) for key in keys]
-        for run in runs:
-            run.stop()
-        if runs:
-            log.info("warm session %s: %d worker(s) stopped", session or "(all)", len(runs))
-            self._tpu.release()
-        return len(runs)
-
-    def _warm_run(self, spec: pb.JobSpec, job_dir: str, env: dict[str, str],
-                  emit) -> tuple[WorkerRun, bool]:
-        """The session's parked worker for this process, or a new warm one;
-        whether it is new (to be started)."""
-        key = (spec.warm_session, spec.process_id)
-        with self._warm_lock:
-            run = self._warm.get(key)
-            if spec.warm_call > 1:
-                if run is not None and run.next_call(job_dir=job_dir, env=env, emit=emit):
-                    return run, False
-                self._warm.pop(key, None)
-                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "warm",
-                              f"the warm worker of process {spec.process_id} on host "
-                              f"{self._endpoint()} is gone (it exited between calls, or its "
-                              "agent restarted)")
-            run = WorkerRun(host=spec.process_id, job_dir=job_dir, env=env, emit=emit,
-                            forward_output=True, warm=True)
-            self._warm[key] = run
-            return run, True
-
-    def _park_watch(self, spec: pb.JobSpec, run: WorkerRun) -> None:
-        """Stop a parked worker that no call and no Release reach in time."""
-        calls = run.calls
-
-        def expire() -> None:
-            key = (spec.warm_session, spec.process_id)
-            with self._warm_lock:
-                if self._warm.get(key) is not run or run.calls != calls or not run.parked:
-                    return
-                del self._warm[key]
-            log.warning("warm session %s: no word from its gateway; stopping process %d",
-                        spec.warm_session, spec.process_id)
-            run.stop()
-        timer = threading.Timer(spec.keep_warm_seconds + _ORPHAN_GRACE_SECONDS, expire)
-        timer.daemon = True
-        timer.start()
 
     def run(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
             context: grpc.ServicerContext) -> Iterator[pb.Event]:
@@ -135,13 +83,14 @@ class PeerRole:
         mine = pb.JobSpec()
         mine.CopyFrom(spec)
         mine.job_id = f"{spec.job_id}.p{spec.process_id}"     # this process's own record
+        payload_file = ""
         try:
             record, created = self._store.create(mine, pb.ROLE_PEER)
             if not created:
                 abort(context, Refused(grpc.StatusCode.ALREADY_EXISTS, "protocol",
                                        f"job {spec.job_id} already ran on this host"))
-            self._uploads.receive(spec, requests,
-                                  os.path.join(record.dir, _worker.PAYLOAD_FILE), context)
+            payload_file = os.path.join(record.dir, _worker.PAYLOAD_FILE)
+            payload = self._uploads.receive(spec, requests, payload_file, context)
             try:
                 self._tpu.prepare()
             except TpuBusy as exc:
@@ -149,60 +98,63 @@ class PeerRole:
                 abort(context, Refused(grpc.StatusCode.FAILED_PRECONDITION, "busy",
                                        f"host {self._endpoint()}: {exc}"))
             record.set_phase(pb.JOB_PHASE_RUNNING)
-            yield from self._events(spec, requests, record, context)
+            yield from self._events(spec, payload, requests, record, context)
         finally:
-            try:
-                os.unlink(os.path.join(self._store.get(mine.job_id, pb.ROLE_PEER).dir,
-                                       _worker.PAYLOAD_FILE))
-            except (OSError, AttributeError):
-                pass
+            if payload_file and os.path.exists(payload_file):
+                os.unlink(payload_file)
             with self._slot:
                 self._count -= 1
                 if not self._count:
                     self._job = ""
                 self._slot.notify_all()
 
-    def _events(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
-                record: JobRecord, context: grpc.ServicerContext) -> Iterator[pb.Event]:
+    def _call(self, spec: pb.JobSpec, payload: bytes | str, record: JobRecord) -> Call:
+        return Call(job_dir=record.dir, payload=payload, sha256=spec.payload_sha256.hex(),
+                    env=self._env_for(spec, spec.process_id, spec.coordinator_address))
+
+    def _events(self, spec: pb.JobSpec, payload: bytes | str,
+                requests: Iterator[pb.RunRequest], record: JobRecord,
+                context: grpc.ServicerContext) -> Iterator[pb.Event]:
         events = EventQueue()
-        env = self._env_for(spec, spec.process_id, spec.coordinator_address)
-        if spec.warm_session:
-            try:
-                run, new = self._warm_run(spec, record.dir, env, events.put)
-            except Refused as refused:
-                record.set_phase(pb.JOB_PHASE_FAILED, refused.message)
-                abort(context, refused)
-        else:
-            run, new = WorkerRun(host=spec.process_id, job_dir=record.dir, env=env,
-                                 emit=events.put, forward_output=True), True
+        nexts: queue.Queue = queue.Queue()      # a warm session's next calls; None: no more
+        run = WorkerRun(host=spec.process_id, call=self._call(spec, payload, record),
+                        emit=events.put, forward_output=True,
+                        warm=spec.keep_warm_seconds > 0)
 
         def obey() -> None:
             try:
                 for req in requests:
-                    if req.control == pb.CONTROL_RELEASE:
+                    kind = req.WhichOneof("kind")
+                    if kind == "next_call" and run.warm:
+                        data = self._uploads.receive(
+                            req.next_call, requests,
+                            os.path.join(record.dir, _worker.PAYLOAD_FILE), context)
+                        nexts.put((req.next_call, data))
+                    elif req.control == pb.CONTROL_RELEASE:
                         run.release()
                     elif req.control == pb.CONTROL_CANCEL:
                         threading.Thread(target=run.cancel, daemon=True).start()
                     else:
                         log.warning("job %s: ignoring unexpected request %s", spec.job_id,
-                                    req.WhichOneof("kind") or f"control {req.control}")
+                                    kind or f"control {req.control}")
             except grpc.RpcError:
                 pass
             except Exception:  # noqa: BLE001 - the stream ended under us
                 log.debug("control stream ended", exc_info=True)
+            finally:
+                nexts.put(None)
 
-        def on_done() -> None:
-            if not run.finished.is_set():
-                threading.Thread(target=run.cancel, daemon=True).start()
+        def on_done() -> None:         # the gateway's call is over: so is the worker
+            threading.Thread(target=run.stop, daemon=True).start()
             events.put(None)
+            nexts.put(None)
         context.add_callback(on_done)
         log.info("job %s: host %d, coordinator %s", spec.job_id, spec.process_id,
                  spec.coordinator_address)
         self._runs[(spec.job_id, spec.process_id)] = run
         final = pb.JOB_PHASE_LOST
         try:
-            if new:
-                run.start()
+            run.start()
             threading.Thread(target=obey, daemon=True, name="peer-control").start()
             while True:
                 event = events.get()
@@ -217,22 +169,35 @@ class PeerRole:
                 if event.HasField("exited") and event.exited.state != pb.HOST_STATE_SUCCEEDED:
                     event.exited.preempted = self._preempted()
                 yield event
-                if event.HasField("exited"):
-                    final = phase_of_host(event.exited.state)
-                    if event.exited.preempted:
-                        final = pb.JOB_PHASE_PREEMPTED
+                if not event.HasField("exited"):
+                    continue
+                final = phase_of_host(event.exited.state)
+                if event.exited.preempted:
+                    final = pb.JOB_PHASE_PREEMPTED
+                if not event.exited.warm:
                     return
+                yield from self._next_call(run, nexts, events, record)
         finally:
             events.close()
-            run.close()
+            run.stop()
             run.finished.wait(5)
             self._runs.pop((spec.job_id, spec.process_id), None)
-            if run.parked:
-                self._park_watch(spec, run)
-            else:
-                with self._warm_lock:
-                    if self._warm.get((spec.warm_session, spec.process_id)) is run:
-                        del self._warm[(spec.warm_session, spec.process_id)]
-                self._tpu.release()
+            self._tpu.release()
             record.set_phase(final, "" if final != pb.JOB_PHASE_LOST else
                              "the gateway went away before this host finished")
+
+    def _next_call(self, run: WorkerRun, nexts: queue.Queue, events: EventQueue,
+                   record: JobRecord) -> Iterator[pb.Event]:
+        """Wait for the warm session's next call and hand it to the parked
+        worker (returns at once when the session is over: the caller then sees
+        no more events and ends)."""
+        item = nexts.get()
+        if item is None:
+            events.put(None)
+            return
+        spec, payload = item
+        if not run.next_call(self._call(spec, payload, record), events.put):
+            yield pb.Event(host=run.host, exited=pb.HostReport(
+                host=run.host, state=pb.HOST_STATE_DIED, exited=True,
+                detail="its warm worker had exited since the last call"))
+            events.put(None)

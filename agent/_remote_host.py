@@ -1,6 +1,7 @@
 """The gateway's proxy for one process on a peer host: a ``Run`` call to that
 host's agent (which plays the peer role, ``_peer``), relayed as if it were a
-local worker."""
+local worker. In a warm session the call stays open between calls and carries
+each next one (``next_call``); ``stop`` ends it, and so the peer's worker."""
 
 from __future__ import annotations
 
@@ -25,23 +26,25 @@ class RemoteHost:
     """Forwards the job to one peer agent and relays its events.
 
     Same interface as :class:`~remote_tpu_agent._runner.WorkerRun`: ``start``,
-    ``release``, ``cancel``, ``close``; ``finished`` is set once its final
-    ``exited`` event has been emitted.
+    ``next_call``, ``release``, ``cancel``, ``close``, ``stop``, ``parked``;
+    ``finished`` is set once the call's ``exited`` event has been emitted.
     """
 
-    def __init__(self, *, host: int, address: str, spec: pb.JobSpec, payload_path: str,
+    def __init__(self, *, host: int, address: str, spec: pb.JobSpec, payload: bytes | str,
                  emit: Callable[[pb.Event], None], credentials: Credentials) -> None:
         self.host = host
         self.address = address
         self._spec = spec
-        self._payload_path = payload_path
+        self._payload = payload            # inline, or the path of its file
         self._emit = emit
-        self._controls: queue.Queue[int] = queue.Queue()
+        # What to send next: a request, or a payload to send in chunks.
+        self._controls: queue.Queue[pb.RunRequest | bytes | str] = queue.Queue()
         self._closed = threading.Event()
         self._call: grpc.Future | None = None
         self._credentials = credentials
         self._lock = threading.Lock()
         self._exited_sent = False
+        self.parked = False               # warm, between calls, its call still open
         self.finished = threading.Event()
 
     def preflight(self) -> str:
@@ -73,10 +76,27 @@ class RemoteHost:
         return "\n".join(h.text for h in reply.hosts if h.host == self.host) or "(no stacks)"
 
     def release(self) -> None:
-        self._controls.put(pb.CONTROL_RELEASE)
+        if not self.parked:
+            self._controls.put(pb.RunRequest(control=pb.CONTROL_RELEASE))
 
     def cancel(self) -> None:
-        self._controls.put(pb.CONTROL_CANCEL)
+        self._controls.put(pb.RunRequest(control=pb.CONTROL_CANCEL))
+
+    def next_call(self, spec: pb.JobSpec, payload: bytes | str,
+                  emit: Callable[[pb.Event], None]) -> bool:
+        """Send a warm session's next call on the open call; False if it is gone."""
+        with self._lock:
+            if not self.parked or self._closed.is_set():
+                return False
+            self.parked = False
+            self._exited_sent = False
+            self.finished.clear()
+            self._emit = emit
+            self._spec = spec
+            self._payload = payload
+        self._controls.put(pb.RunRequest(next_call=spec))
+        self._controls.put(payload)          # streamed from here as it is sent
+        return True
 
     def abandon(self, detail: str) -> None:
         """The peer did not confirm in time: drop the call, report it lost."""
@@ -85,6 +105,12 @@ class RemoteHost:
         self.close()
 
     def close(self) -> None:
+        """The call is over: its RPC ends, unless it is parked (warm)."""
+        if not self.parked:
+            self.stop()
+
+    def stop(self) -> None:
+        """End the RPC (and with it, on the peer, the worker), parked or not."""
         self._closed.set()
         with self._lock:
             call = self._call
@@ -93,15 +119,18 @@ class RemoteHost:
 
     def _requests(self) -> Iterator[pb.RunRequest]:
         yield pb.RunRequest(spec=self._spec)
-        with open(self._payload_path, "rb") as f:
-            while chunk := f.read(CHUNK_SIZE):
-                yield pb.RunRequest(payload_chunk=chunk)
+        for chunk in _chunks(self._payload):
+            yield pb.RunRequest(payload_chunk=chunk)
         while not self._closed.is_set():
             try:
-                control = self._controls.get(timeout=0.2)
+                item = self._controls.get(timeout=0.2)
             except queue.Empty:
                 continue
-            yield pb.RunRequest(control=control)
+            if isinstance(item, pb.RunRequest):
+                yield item
+            else:
+                for chunk in _chunks(item):
+                    yield pb.RunRequest(payload_chunk=chunk)
 
     def _relay(self) -> None:
         try:
@@ -119,7 +148,9 @@ class RemoteHost:
                 if event.HasField("exited"):
                     self._send_exited(event.exited)
                 else:
-                    self._emit(event)
+                    with self._lock:
+                        emit = self._emit
+                    emit(event)
         except grpc.RpcError as exc:
             forget_if_unavailable(exc, self.address, self._credentials)
             if not self._closed.is_set():
@@ -140,5 +171,18 @@ class RemoteHost:
             if self._exited_sent:
                 return
             self._exited_sent = True
-        self._emit(pb.Event(host=self.host, exited=report))
+            self.parked = report.warm and not self._closed.is_set()
+            emit = self._emit
+        emit(pb.Event(host=self.host, exited=report))
         self.finished.set()
+
+
+def _chunks(payload: bytes | str) -> Iterator[bytes]:
+    """The payload in message-sized chunks: inline, or read from its file."""
+    if isinstance(payload, bytes):
+        for start in range(0, len(payload), CHUNK_SIZE):
+            yield payload[start:start + CHUNK_SIZE]
+        return
+    with open(payload, "rb") as f:
+        while chunk := f.read(CHUNK_SIZE):
+            yield chunk

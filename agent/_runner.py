@@ -1,34 +1,37 @@
-"""Runs one worker subprocess for one job on this host and reports on it.
+"""Runs one worker subprocess on this host and reports on it.
 
-A :class:`WorkerRun` spawns the worker in its own process group, forwards its
-stdout/stderr (read at the file-descriptor level, so output from C and XLA is
-caught too), reads its outcome, and emits ``Event`` messages: ``started``,
+A :class:`WorkerRun` spawns the worker in its own process group, hands it its
+call (``_call``: over the control pipe), forwards its stdout/stderr (read at the
+file-descriptor level, so output from C and XLA is caught too), reads its
+outcome (from the status pipe), and emits ``Event`` messages: ``started``,
 ``output``, ``done`` (the function finished) and finally ``exited`` (the process
 is gone), whose report is the host's final state.
 
-A warm run (``keep_warm``) outlives its call: ``release`` parks it instead of
-letting it exit (its ``exited`` event says ``warm``), and ``next_call`` hands
-the same process the next call, with that call's directory and events.
+A warm run (``keep_warm``) outlives its call: once its function has returned it
+parks (its ``exited`` event says ``warm``), and ``next_call`` hands the same
+process the next call, with that call's events.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-from remote_tpu._core.limits import CHUNK_SIZE, STACKS_CHARS, cut_text, valid_text
+from remote_tpu._core.limits import CHUNK_SIZE
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from . import _worker
+from . import _worker_pipe as wire
+from ._call import Call, apply_outcome, unreadable
 from ._output import NoiseFilter, Tail
 from ._pipe import Pump
 from ._process import signal_name, stop_group
+from ._stacks import dump_stacks
 
 log = logging.getLogger(__name__)
 
@@ -46,19 +49,19 @@ def _ignore(event: pb.Event) -> None:
 
 
 class WorkerRun:
-    """One host's worker for one job."""
+    """One host's worker for one job (or, warm, for a session's calls)."""
 
-    def __init__(self, *, host: int, job_dir: str, env: Mapping[str, str], emit: Emit,
-                 forward_output: bool, cancel_grace: float = 1.0, warm: bool = False) -> None:
+    def __init__(self, *, host: int, call: Call, emit: Emit, forward_output: bool,
+                 cancel_grace: float = 1.0, warm: bool = False) -> None:
         self.host = host
-        self.job_dir = job_dir
+        self.call = call
         self.warm = warm
         self.calls = 1                    # calls this process has been given
         self.parked = False               # warm, between calls
         self._parked_output: list[tuple[int, bytes]] = []
         self._parked_dropped = 0
-        self._stacks_path = os.path.join(job_dir, _worker.STACKS_FILE)
-        self._env = dict(env)
+        self._stacks_path = os.path.join(call.job_dir, _worker.STACKS_FILE)
+        self._env = dict(call.env)
         self._emit = emit
         self._forward_output = forward_output
         self._cancel_grace = cancel_grace
@@ -71,7 +74,8 @@ class WorkerRun:
         self.proc: subprocess.Popen | None = None
         self._control_w: int | None = None
         self.report = pb.HostReport(host=host, state=pb.HOST_STATE_PENDING)
-        self.result_sha256 = b""          # process 0's result file, once written
+        self.result_sha256 = b""          # process 0's value, once pickled
+        self.result: bytes | None = None  # ... inline (else in a file of the call's job_dir)
         self.finished = threading.Event()   # set once the `exited` event is out
 
     # ------------------------------------------------------------ lifecycle
@@ -84,7 +88,7 @@ class WorkerRun:
         env = dict(self._env)
         env[_worker.ENV_CONTROL_FD] = str(control_r)
         env[_worker.ENV_STATUS_FD] = str(status_w)
-        env[_worker.ENV_JOB_DIR] = self.job_dir
+        env[_worker.ENV_JOB_DIR] = self.call.job_dir
         if self.warm:
             env[_worker.ENV_WARM] = "1"
         try:
@@ -111,20 +115,27 @@ class WorkerRun:
         self._status_thread.start()
         threading.Thread(target=self._wait_exit, daemon=True,
                          name=f"worker{self.host}-wait").start()
+        # A payload of up to INLINE_BYTES fills the pipe until the worker is up
+        # to read it: the caller does not wait for that.
+        threading.Thread(target=self._send, args=(self.call, {}), daemon=True,
+                         name=f"worker{self.host}-call").start()
 
     def release(self) -> None:
         """Every host has finished: let the worker exit. (A warm worker parked
         itself as soon as its function returned: no process exits, so none
         can leave a peer in a collective.)"""
-        if self.parked:
+        if self.parked or self._control_w is None:
             return
-        self._control(_worker.CONTROL_RELEASE)
+        try:
+            wire.write_frame(self._control_w, wire.RELEASE)
+        except OSError:
+            pass
 
-    def _control(self, message: bytes) -> bool:
+    def _send(self, call: Call, env_changes: dict[str, str]) -> bool:
         if self._control_w is None:
             return False
         try:
-            os.write(self._control_w, message)
+            call.send(self._control_w, env_changes)
             return True
         except OSError:
             return False
@@ -143,20 +154,19 @@ class WorkerRun:
         emit(pb.Event(host=self.host, exited=report))
         self.finished.set()
 
-    def next_call(self, *, job_dir: str, env: Mapping[str, str], emit: Emit) -> bool:
+    def next_call(self, call: Call, emit: Emit) -> bool:
         """Hand a parked warm worker its next call; False if it is gone."""
-        changed = {k: v for k, v in env.items() if self._env.get(k) != v}
-        payload = env.get(_worker.ENV_PAYLOAD) or os.path.join(job_dir, _worker.PAYLOAD_FILE)
+        changed = {k: v for k, v in call.env.items() if self._env.get(k) != v}
         with self._lock:
             if not (self.parked and self.alive):
                 return False
             self.parked = False
             self.calls += 1
-            self.job_dir = job_dir
+            self.call = call
             self._emit = emit
             self._tail = Tail()
             self.report = pb.HostReport(host=self.host, state=pb.HOST_STATE_RUNNING)
-            self.result_sha256 = b""
+            self.result_sha256, self.result = b"", None
             self.finished.clear()
             held, self._parked_output = self._parked_output, []
             dropped, self._parked_dropped = self._parked_dropped, 0
@@ -169,8 +179,7 @@ class WorkerRun:
             self._emit_output(pb.OUTPUT_STREAM_STDERR, (
                 f"\n[remote_tpu: {dropped:,} bytes the warm worker printed between calls "
                 "were dropped; the first MiB is above]\n").encode())
-        return self._control(_worker.next_call_message(
-            job_dir, payload, env.get(_worker.ENV_PAYLOAD_SHA256, ""), changed))
+        return self._send(call, changed)
 
     def stacks(self, wait: float = 1.0) -> str:
         """Every thread's Python stack in the worker, as it is now."""
@@ -180,26 +189,7 @@ class WorkerRun:
             # Before the worker has set up its handler, the signal would kill it.
             return ("(the worker is still starting: it can report its stacks once Python "
                     "is up, in a moment)")
-        path = self._stacks_path
-        before = os.path.getsize(path) if os.path.exists(path) else 0
-        try:
-            os.kill(self.proc.pid, _worker.STACKS_SIGNAL)
-        except ProcessLookupError:
-            return "(the worker is not running)"
-        deadline = time.monotonic() + wait
-        size = before
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-            now = os.path.getsize(path) if os.path.exists(path) else 0
-            if now > before and now == size:
-                break           # it grew, and stopped growing
-            size = now
-        with open(path, errors="replace") as f:
-            f.seek(before)
-            text = f.read()
-        if not text:
-            return "(no answer: the worker did not dump its stacks in time)"
-        return cut_text(text, STACKS_CHARS, f"every dump is kept in {path} on this host")
+        return dump_stacks(self.proc.pid, self._stacks_path, wait)
 
     def cancel(self) -> None:
         """Stop the worker's whole process group (SIGTERM, then SIGKILL)."""
@@ -284,62 +274,31 @@ class WorkerRun:
 
     def _read_status(self) -> None:
         try:
-            while True:
-                try:
-                    data = os.read(self._status_r, 1)
-                except InterruptedError:
-                    continue
-                if not data:
-                    return
-                if data == _worker.STATUS_READY:
+            while (frame := wire.read_frame(self._status_r)) is not None:
+                kind, header, blob = frame
+                if kind == wire.READY:
                     self._stacks_ready.set()
-                elif data == _worker.STATUS_DONE:
+                elif kind == wire.DONE:
                     self._drain_outputs()
-                    self._on_done()
+                    self._on_done(header, blob)
         finally:
             os.close(self._status_r)
 
-    def _on_done(self) -> None:
-        path = os.path.join(self.job_dir, _worker.OUTCOME_FILE)
-        try:
-            with open(path) as f:
-                outcome = json.load(f)
-        except (OSError, ValueError) as exc:
-            outcome = {"state": "failed", "phase": "reporting",
-                       "exception": {"type_name": "OSError", "message": str(exc),
-                                     "traceback": "", "pickled": ""}}
-        try:
-            report = self._report_of(outcome)
-        except Exception as exc:  # noqa: BLE001 - a host that finished must say so
-            log.exception("host %d: unreadable outcome", self.host)
-            report = self._report_of({"state": "failed", "phase": "reporting", "exception": {
-                "type_name": type(exc).__name__, "message": f"unreadable outcome: {exc!r}",
-                "traceback": "", "pickled": ""}})
+    def _on_done(self, outcome: dict, result: bytes) -> None:
+        with self._lock:
+            try:
+                apply_outcome(self.report, outcome)
+            except Exception as exc:  # noqa: BLE001 - a host that finished must say so
+                log.exception("host %d: unreadable outcome", self.host)
+                apply_outcome(self.report, unreadable(exc))
+            if self.report.state == pb.HOST_STATE_SUCCEEDED:
+                self.result_sha256 = bytes.fromhex(outcome.get("result_sha256", ""))
+                self.result = result if not outcome.get("result_file") else None
+            report = pb.HostReport()
+            report.CopyFrom(self.report)
         self._emit(pb.Event(host=self.host, done=report))
         if self.warm and report.state == pb.HOST_STATE_SUCCEEDED and self.alive:
             self._park()              # its exited event (warm) ends this call here
-
-    def _report_of(self, outcome: dict) -> pb.HostReport:
-        with self._lock:
-            if outcome.get("state") == "succeeded":
-                self.result_sha256 = bytes.fromhex(outcome.get("result_sha256", ""))
-                self.report.state = pb.HOST_STATE_SUCCEEDED
-                self.report.detail = "returned"
-            else:
-                exc = outcome.get("exception", {})
-                self.report.state = pb.HOST_STATE_FAILED
-                self.report.finished_at = float(outcome.get("failed_at", time.time()))
-                self.report.detail = (f"raised {exc.get('type_name', '?')} while "
-                                      f"{outcome.get('phase', 'running')}")
-                self.report.exception.CopyFrom(pb.RemoteException(
-                    type_name=valid_text(exc.get("type_name", "")),
-                    message=valid_text(exc.get("message", "")),
-                    traceback=valid_text(exc.get("traceback", "")),
-                    pickled=bytes.fromhex(exc.get("pickled", "")),
-                ))
-            report = pb.HostReport()
-            report.CopyFrom(self.report)
-        return report
 
     def _wait_exit(self) -> None:
         assert self.proc is not None

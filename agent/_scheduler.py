@@ -262,6 +262,8 @@ class Scheduler:
                         f"{record.store.full_message()}")
                 self._keep_warm(record, job, warm, phase_name(PHASE_OF_END[end.state]))
                 ended = True
+                if end.state == pb.JOB_STATE_SUCCEEDED:
+                    record.keep_result(job.result_data())
                 record.set_phase(PHASE_OF_END[end.state], end.detail, end)
                 log.info("job %s: %s", record.job_id, phase_name(PHASE_OF_END[end.state]))
         return ended

@@ -7,8 +7,7 @@ that does the work, and ``create_server`` that builds it.
 - Run as a peer (from a gateway): ``PeerRole`` (``_peer``);
 - Watch, Result, Status, ListJobs: ``JobViews`` (``_job_views``) over the store;
 - Cancel, Stacks: the scheduler, or the peer role's workers;
-- Release: the scheduler's warm session (from a client), or the peer role's
-  warm workers of one session (from a gateway).
+- Release: the scheduler's warm session.
 
 Requests are checked in ``_requests``; payloads are received by ``_uploads``;
 long-lived calls take a slot first (``_slots``), so short calls always answer.
@@ -176,10 +175,6 @@ class AgentService(pb_grpc.AgentServicer):
 
     def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext
                 ) -> pb.ReleaseReply:
-        if request.session:              # a gateway, for its peers' part of a session
-            count = self.peer.release(request.session)
-            return pb.ReleaseReply(released=bool(count),
-                                   detail=f"{count} warm worker(s) stopped here")
         detail = self.scheduler.release("released by a caller")
         if not detail:
             redirect = gateway_redirect(self.config.slice, self.endpoint)

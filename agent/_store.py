@@ -23,7 +23,7 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.states import FINISHED, phase_name
 
 from ._hostlog import DEFAULT_MAX_LOG_BYTES, HostLog, StoreFull
-from ._worker import PAYLOAD_FILE
+from ._worker import PAYLOAD_FILE, RESULT_FILE, private
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ class JobRecord:
         self.status = status
         self.changed = threading.Condition()
         self.version = 0                 # bumped on every change, under `changed`
+        # While queued and running (gateway): the payload, inline, or its file's path.
+        self.payload: bytes | str = b""
+        # Process 0's pickled value, once it succeeded, until written to its file.
+        self.result: bytes | None = None
         self._logs: dict[int, HostLog] = {}
 
     def touch(self) -> None:
@@ -86,6 +90,20 @@ class JobRecord:
         """Bytes of output that could not be stored (the disk was full)."""
         with self.changed:
             return sum(host_log.dropped for host_log in self._logs.values())
+
+    def keep_result(self, data: bytes | None) -> None:
+        """Process 0's value, when it came inline: stored in the job's result
+        file (which later readers read), and kept in memory for this record's
+        own readers (the attached caller)."""
+        if data is None:
+            return
+        self.result = data
+        path = os.path.join(self.dir, RESULT_FILE)
+        try:
+            with open(path, "wb", opener=private) as f:
+                f.write(data)
+        except OSError as exc:
+            log.error("job %s: cannot store its result (%s)", self.job_id, exc)
 
     def set_phase(self, phase: int, detail: str = "", end: pb.JobEnd | None = None) -> None:
         with self.changed:

@@ -1,5 +1,6 @@
-"""Receiving a job's payload: streamed to a private file, its size and SHA-256
-checked against the spec, a full disk refused with what to do."""
+"""Receiving a job's payload: kept in memory when small, else streamed to a
+private file; its size and SHA-256 checked against the spec, a full disk
+refused with what to do."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from . import _worker
 from ._requests import Refused, abort
+from ._worker_pipe import INLINE_BYTES
 
 
 class Uploads:
@@ -37,10 +39,17 @@ class Uploads:
         return path
 
     def receive(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest], path: str,
-                context: grpc.ServicerContext) -> None:
-        """Write the payload that follows the spec in ``requests`` to ``path``."""
+                context: grpc.ServicerContext) -> bytes | str:
+        """The payload that follows the spec in ``requests``: in memory when it is
+        small (it then travels to the worker inline), else written to ``path``."""
+        if spec.payload_size <= INLINE_BYTES:
+            data = bytearray()
+            self._take(spec, requests, context, data.extend)
+            return bytes(data)
         try:
-            self._store(spec, requests, path, context)
+            with open(path, "wb", opener=_worker.private) as f:
+                self._take(spec, requests, context, f.write)
+            return path
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -49,24 +58,23 @@ class Uploads:
                 f"the agent at {self._endpoint()} cannot store job {spec.job_id}'s payload "
                 f"({spec.payload_size:,} bytes): {self._full_message()}. Nothing was run."))
 
-    def _store(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest], path: str,
-               context: grpc.ServicerContext) -> None:
+    def _take(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
+              context: grpc.ServicerContext, write) -> None:
         received = 0
         digest = hashlib.sha256()
-        with open(path, "wb", opener=_worker.private) as f:
-            while received < spec.payload_size:
-                req = next(requests, None)
-                if req is None or not req.HasField("payload_chunk"):
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"payload truncated: got {received} of {spec.payload_size} "
-                                  "bytes")
-                received += len(req.payload_chunk)
-                if received > spec.payload_size:
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"payload longer than the announced {spec.payload_size} "
-                                  "bytes")
-                f.write(req.payload_chunk)
-                digest.update(req.payload_chunk)
+        while received < spec.payload_size:
+            req = next(requests, None)
+            if req is None or not req.HasField("payload_chunk"):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"payload truncated: got {received} of {spec.payload_size} "
+                              "bytes")
+            received += len(req.payload_chunk)
+            if received > spec.payload_size:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"payload longer than the announced {spec.payload_size} "
+                              "bytes")
+            write(req.payload_chunk)
+            digest.update(req.payload_chunk)
         if digest.digest() != spec.payload_sha256:
             context.set_trailing_metadata(((ERROR_KIND_KEY, "integrity"),))
             context.abort(grpc.StatusCode.DATA_LOSS,

@@ -3,8 +3,8 @@
 After a call with ``keep_warm_seconds`` succeeds on every host, each worker is
 parked instead of exiting, ``jax.distributed`` still initialized. The gateway
 keeps them as one ``WarmSession``: this host's parked ``WorkerRun`` objects, the
-peers that keep theirs (under the session's id), the worker-shaping options they
-were started with, who called, and until when they stay. The next call of the
+open calls to the peers that keep theirs (``RemoteHost``), the worker-shaping
+options they were started with, who called, and until when they stay. The next call of the
 same caller with the same options runs in them; a call of the same caller with
 other options replaces them; other callers' jobs wait until the session ends
 (``Release``, the idle time, a failed call, the agent stopping).
@@ -16,23 +16,18 @@ slice and until when, and ``remote-tpu jobs cancel warm-...`` ends it.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import time
 import uuid
 from collections.abc import Sequence
 
-import grpc
-
-from remote_tpu._core.channels import Credentials, forget_if_unavailable, stub
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
+from ._remote_host import RemoteHost
 from ._runner import WorkerRun
 from ._store import JobRecord
 
 log = logging.getLogger(__name__)
-
-_RELEASE_TIMEOUT = 5.0
 
 
 def new_session_id() -> str:
@@ -59,15 +54,14 @@ class WarmSession:
     """A slice's parked workers, between two calls of one caller."""
 
     def __init__(self, *, session_id: str, spec: pb.JobSpec, coordinator: str,
-                 locals_: Sequence[WorkerRun], peers: Sequence[str],
-                 credentials: Credentials, record: JobRecord) -> None:
+                 locals_: Sequence[WorkerRun], remotes: Sequence[RemoteHost],
+                 record: JobRecord) -> None:
         self.id = session_id
         self.owner = spec.client_id
         self.shape = shaping(spec)
         self.coordinator = coordinator
         self.locals = list(locals_)
-        self.peers = list(dict.fromkeys(peers))     # agent addresses, once each
-        self.credentials = credentials
+        self.remotes = list(remotes)
         self.record = record
         self.calls = 0
         self.deadline = 0.0
@@ -79,7 +73,8 @@ class WarmSession:
         return [name for name, value in self.shape.items() if theirs[name] != value]
 
     def alive(self) -> bool:
-        return all(run.parked and run.alive for run in self.locals)
+        return all(run.parked and run.alive for run in self.locals) and \
+            all(remote.parked for remote in self.remotes)
 
     def parked_after(self, spec: pb.JobSpec, calls: int) -> None:
         """A call in the session succeeded: the workers wait ``keep_warm`` more."""
@@ -94,36 +89,16 @@ class WarmSession:
         self.record.store.save(self.record)
 
     def end(self, reason: str) -> None:
-        """Stop every worker of the session, here and on every peer."""
-        for run in self.locals:
-            run.stop()
-        end_on_peers(self.id, self.peers, self.credentials)
+        """Stop every worker of the session, here and on every peer (ending its
+        call ends a peer's worker)."""
+        for handle in [*self.locals, *self.remotes]:
+            handle.stop()
         with self.record.changed:
             self.record.status.warm_until = 0
         self.record.set_phase(pb.JOB_PHASE_SUCCEEDED, f"{reason} after {self.calls} call(s)",
                               pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
                                         detail=reason))
         log.info("warm session %s ended: %s", self.id, reason)
-
-
-def end_on_peers(session_id: str, peers: Sequence[str], credentials: Credentials) -> None:
-    """Ask every peer agent to stop the session's workers (in parallel)."""
-    peers = list(dict.fromkeys(peers))
-    if not peers:
-        return
-
-    def release(address: str) -> None:
-        try:
-            stub(address, credentials).Release(pb.ReleaseRequest(session=session_id),
-                                               timeout=_RELEASE_TIMEOUT,
-                                               metadata=credentials.metadata)
-        except grpc.RpcError as exc:
-            forget_if_unavailable(exc, address, credentials)
-            # Its own idle watch stops the workers later (see _peer).
-            log.warning("warm session %s: the agent at %s did not confirm the release: %s",
-                        session_id, address, exc.details())
-    with concurrent.futures.ThreadPoolExecutor(len(peers)) as pool:
-        list(pool.map(release, peers))
 
 
 def session_record(store, spec: pb.JobSpec, session_id: str) -> JobRecord:

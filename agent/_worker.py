@@ -1,7 +1,10 @@
-"""The worker: runs in a fresh child process of the agent, one per job and host.
+"""The worker: runs in a child process of the agent, one per host and job (or
+warm session).
 
-It initializes ``jax.distributed``, loads and calls the function, writes its
-outcome to the job directory and tells the agent, then waits until the agent
+It waits for its call on the control pipe (``_worker_pipe``: the call's
+directory, environment and payload), initializes ``jax.distributed``, loads and
+calls the function, and sends the outcome back on the status pipe (process 0's
+pickled value with it, or in a file when large). Then it waits until the agent
 releases it (every host has finished, so no peer can still need this process
 for a collective, and process 0 keeps JAX's coordination service up until the
 end). It leaves with ``os._exit`` and never waits in JAX's shutdown. If the
@@ -9,12 +12,9 @@ agent goes away (its end of the control pipe closes) the worker kills its whole
 process group.
 
 A warm worker (``REMOTE_TPU_WARM=1``, for ``keep_warm``) does not exit after
-its call: it waits on the control pipe for the next call of the same slice
-(``CONTROL_NEXT``: a job directory, payload and environment), runs it in the
-same process, ``jax.distributed`` still initialized and ``remote_tpu.state`` as
-the last call left it, until the agent releases it or goes away.
-
-The contract with the agent is the environment variables below plus two pipes.
+its call: it waits for the next call of the same slice and runs it in the same
+process, ``jax.distributed`` still initialized and ``remote_tpu.state`` as the
+last call left it, until the agent releases it or goes away.
 """
 
 from __future__ import annotations
@@ -22,76 +22,43 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import hashlib
-import json
 import os
 import queue
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
 import traceback
 
-ENV_JOB_DIR = "REMOTE_TPU_JOB_DIR"            # payload.bin in, outcome files out
-ENV_PAYLOAD = "REMOTE_TPU_PAYLOAD"            # the payload, when not in the job dir
-ENV_CONTROL_FD = "REMOTE_TPU_CONTROL_FD"      # agent -> worker: b"R" = release
-ENV_STATUS_FD = "REMOTE_TPU_STATUS_FD"        # worker -> agent: b"D" = outcome written
+from remote_tpu_agent import _worker_pipe as wire
+
+ENV_JOB_DIR = "REMOTE_TPU_JOB_DIR"            # the worker's own files (stacks)
+ENV_CONTROL_FD = "REMOTE_TPU_CONTROL_FD"      # agent -> worker frames (_worker_pipe)
+ENV_STATUS_FD = "REMOTE_TPU_STATUS_FD"        # worker -> agent frames
 ENV_SIMULATE_DEVICES = "REMOTE_TPU_SIMULATE_DEVICES"
 ENV_INIT_TIMEOUT = "REMOTE_TPU_JAX_INIT_TIMEOUT"
 ENV_HEARTBEAT_TIMEOUT = "REMOTE_TPU_JAX_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "REMOTE_TPU_JAX_SHUTDOWN_TIMEOUT"
-ENV_PAYLOAD_SHA256 = "REMOTE_TPU_PAYLOAD_SHA256"   # hex; checked before unpickling
 ENV_WARM = "REMOTE_TPU_WARM"                  # "1": after a call, wait for the next one
 
 PAYLOAD_FILE = "payload.bin"
 STACKS_FILE = "stacks.txt"      # SIGUSR1 appends every thread's Python stack here
 STACKS_SIGNAL = signal.SIGUSR1
 RESULT_FILE = "result.bin"
-OUTCOME_FILE = "outcome.json"
 EXCEPTION_FILE = "exception.txt"   # the whole traceback, when the report had to cut it
-STATUS_READY = b"S"             # worker -> agent: the stacks handler is in place
-STATUS_DONE = b"D"
-CONTROL_RELEASE = b"R"          # agent -> worker: exit now
-CONTROL_NEXT = b"N"             # agent -> warm worker: 4-byte length, then a call (JSON)
-
-
-def next_call_message(job_dir: str, payload: str, sha256: str,
-                      env: dict[str, str]) -> bytes:
-    """What the agent writes to a warm worker's control pipe for its next call."""
-    body = json.dumps({"job_dir": job_dir, "payload": payload, "sha256": sha256,
-                       "env": env}).encode()
-    return CONTROL_NEXT + struct.pack(">I", len(body)) + body
-
-
-def _read_exact(fd: int, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        try:
-            part = os.read(fd, n - len(data))
-        except InterruptedError:
-            continue
-        except OSError:
-            part = b""
-        if not part:
-            return b""
-        data += part
-    return data
 
 
 def _watch_control(fd: int, calls: queue.Queue) -> None:
-    """The agent's orders: None = exit (release), a dict = the next call."""
+    """The agent's orders: None = exit (release), a frame = the next call."""
     while True:
-        kind = _read_exact(fd, 1)
-        if kind == CONTROL_RELEASE:
+        frame = wire.read_frame(fd)
+        if frame is not None and frame[0] == wire.RELEASE:
             calls.put(None)
             return
-        if kind == CONTROL_NEXT:
-            head = _read_exact(fd, 4)
-            body = _read_exact(fd, struct.unpack(">I", head)[0]) if head else b""
-            if body:
-                calls.put(json.loads(body))
-                continue
+        if frame is not None and frame[0] == wire.CALL:
+            calls.put(frame)
+            continue
         # The agent is gone (or garbled its pipe): nothing of this job may outlive it.
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
@@ -151,13 +118,6 @@ def private(path: str, flags: int) -> int:
     return os.open(path, flags, 0o600)
 
 
-def _write_json_atomic(path: str, obj: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", opener=private) as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
-
-
 def _describe_failure(exc: BaseException, process_id: int, job_dir: str) -> dict:
     """The exception for the outcome file, cut to what a report can carry. The
     whole traceback goes to a file of the job on this host, which a cut text
@@ -205,18 +165,27 @@ def _failed(exc: BaseException, phase: str, process_id: int, job_dir: str) -> di
             "exception": {**info, "pickled": info["pickled"].hex()}}
 
 
-def _run_call(call: dict, process_id: int) -> dict:
+def _load(header: dict, blob: bytes) -> bytearray:
+    """The call's payload: inline, or read from the file the header names."""
+    if not header.get("payload_path"):
+        return bytearray(blob)
+    with open(header["payload_path"], "rb") as f:
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        f.readinto(data)
+    return data
+
+
+def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
     """One call: load the function, call it, keep process 0's value. Returns
-    the outcome to write for the agent."""
+    the outcome for the agent, and the pickled value when it goes inline."""
     from remote_tpu._core import serialization as _serialization
 
     outcome: dict = {"state": "succeeded"}
+    result = b""
     phase = "loading the function and its arguments"
     try:
-        with open(call["payload"], "rb") as f:
-            data = bytearray(os.fstat(f.fileno()).st_size)
-            f.readinto(data)
-        if hashlib.sha256(data).hexdigest() != call["sha256"]:
+        data = _load(header, blob)
+        if hashlib.sha256(data).hexdigest() != header.get("sha256"):
             raise _serialization.SerializationError(
                 "the payload on this host does not match the digest the client sent; "
                 "nothing was unpickled")
@@ -228,23 +197,28 @@ def _run_call(call: dict, process_id: int) -> dict:
             phase = "pickling the return value"
             payload = _serialization.dumps(value, what="the return value")
             digest = hashlib.sha256()
-            with open(os.path.join(call["job_dir"], RESULT_FILE), "wb", opener=private) as f:
-                for part in payload.parts:
-                    f.write(part)
-                    digest.update(part)
+            for part in payload.parts:
+                digest.update(part)
             outcome["result_sha256"] = digest.hexdigest()
+            if payload.nbytes <= wire.INLINE_BYTES:
+                result = payload.to_bytes()
+            else:
+                path = os.path.join(header["job_dir"], RESULT_FILE)
+                with open(path, "wb", opener=private) as f:
+                    for part in payload.parts:
+                        f.write(part)
+                outcome["result_file"] = path
         del value
     except BaseException as exc:  # noqa: BLE001 - everything is reported
-        outcome = _failed(exc, phase, process_id, call["job_dir"])
-    return outcome
+        outcome = _failed(exc, phase, process_id, header["job_dir"])
+        result = b""
+    return outcome, result
 
 
 def main() -> None:
     job_dir = os.environ[ENV_JOB_DIR]
     control_fd = int(os.environ[ENV_CONTROL_FD])
     status_fd = int(os.environ[ENV_STATUS_FD])
-    process_id = int(os.environ["JAX_PROCESS_ID"])
-    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
     warm = os.environ.get(ENV_WARM) == "1"
     for fd in (control_fd, status_fd):    # not for the user's own subprocesses
         os.set_inheritable(fd, False)
@@ -253,29 +227,37 @@ def main() -> None:
     # even while the main thread is stuck inside a C call or a collective.
     stacks_file = open(os.path.join(job_dir, STACKS_FILE), "a", opener=private)
     faulthandler.register(STACKS_SIGNAL, file=stacks_file, all_threads=True)
-    os.write(status_fd, STATUS_READY)
+    wire.write_frame(status_fd, wire.READY)
 
     calls: queue.Queue = queue.Queue()
     threading.Thread(target=_watch_control, args=(control_fd, calls), daemon=True,
                      name="remote-tpu-control").start()
+    import jax  # noqa: F401 - while the first call is on its way (it does not take the TPU)
 
-    call = {"job_dir": job_dir,
-            "payload": os.environ.get(ENV_PAYLOAD) or os.path.join(job_dir, PAYLOAD_FILE),
-            "sha256": os.environ.get(ENV_PAYLOAD_SHA256), "env": {}}
+    frame = calls.get()
     failure = None
-    try:
-        _initialize_jax(process_id, num_processes)
-    except BaseException as exc:  # noqa: BLE001 - reported as the call's outcome
-        failure = _failed(exc, "initializing jax.distributed", process_id, job_dir)
-    while True:
-        outcome = failure or _run_call(call, process_id)
-        _write_json_atomic(os.path.join(call["job_dir"], OUTCOME_FILE), outcome)
+    initialized = False
+    while frame is not None:
+        _, header, blob = frame
+        os.environ.update(header.get("env", {}))
+        if failure is None and not initialized:
+            try:
+                _initialize_jax(int(os.environ["JAX_PROCESS_ID"]),
+                                int(os.environ["JAX_NUM_PROCESSES"]))
+                initialized = True
+            except BaseException as exc:  # noqa: BLE001 - reported as the call's outcome
+                failure = _failed(exc, "initializing jax.distributed",
+                                  int(os.environ.get("JAX_PROCESS_ID", "0")), header["job_dir"])
+        if failure is not None:
+            outcome, result = failure, b""
+        else:
+            outcome, result = _run_call(header, blob, int(os.environ["JAX_PROCESS_ID"]))
+        del blob, frame
         _flush_output(close=not warm or failure is not None)
-        os.write(status_fd, STATUS_DONE)
-        call = calls.get()
-        if call is None:
-            os._exit(0)
-        os.environ.update(call["env"])
+        wire.write_frame(status_fd, wire.DONE, outcome, result)
+        del result
+        frame = calls.get()
+    os._exit(0)
 
 
 if __name__ == "__main__":

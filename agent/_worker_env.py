@@ -240,7 +240,6 @@ def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
         "REMOTE_TPU_NUM_HOSTS": str(spec.num_hosts),
         "REMOTE_TPU_ACCELERATOR": spec.accelerator,
         "PYTHONUNBUFFERED": "1",     # prints reach the caller as they happen
-        _worker.ENV_PAYLOAD_SHA256: spec.payload_sha256.hex(),
     })
     timeouts = spec.jax_timeouts
     if timeouts.initialization_seconds:

@@ -47,6 +47,9 @@ class StandInJob:
     def kept_session(self, store):
         return None
 
+    def result_data(self):
+        return None
+
     def run(self):
         self.running.set()
         try:

@@ -240,7 +240,6 @@ def test_jax_and_job_variables():
     assert env["REMOTE_TPU_NUM_HOSTS"] == "2" and env["REMOTE_TPU_JOB_ID"] == "job-1"
     assert env[_worker.ENV_INIT_TIMEOUT] == "30" and env[_worker.ENV_HEARTBEAT_TIMEOUT] == "7"
     assert env[_worker.ENV_SHUTDOWN_TIMEOUT] == "3"
-    assert env[_worker.ENV_PAYLOAD_SHA256] == "00" * 32
     assert processes_per_host(pb.JobSpec()) == 1
     assert num_processes(_spec("tpu-v4-16", 2, ["a", "b"])) == 4
 

@@ -103,10 +103,8 @@ JOB_STATE_LOST: JobState
 JOB_STATE_PREEMPTED: JobState
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("session",)
-    SESSION_FIELD_NUMBER: _ClassVar[int]
-    session: str
-    def __init__(self, session: _Optional[str] = ...) -> None: ...
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ReleaseReply(_message.Message):
     __slots__ = ("released", "detail")
@@ -265,7 +263,7 @@ class JaxTimeouts(_message.Message):
     def __init__(self, initialization_seconds: _Optional[int] = ..., heartbeat_seconds: _Optional[int] = ..., shutdown_seconds: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_sha256", "processes_per_host", "keep_warm_seconds", "client_id", "warm_session", "warm_call")
+    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_sha256", "processes_per_host", "keep_warm_seconds", "client_id")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -291,8 +289,6 @@ class JobSpec(_message.Message):
     PROCESSES_PER_HOST_FIELD_NUMBER: _ClassVar[int]
     KEEP_WARM_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
-    WARM_SESSION_FIELD_NUMBER: _ClassVar[int]
-    WARM_CALL_FIELD_NUMBER: _ClassVar[int]
     client_versions: Versions
     job_id: str
     accelerator: str
@@ -311,19 +307,19 @@ class JobSpec(_message.Message):
     processes_per_host: int
     keep_warm_seconds: float
     client_id: str
-    warm_session: str
-    warm_call: int
-    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., warm_session: _Optional[str] = ..., warm_call: _Optional[int] = ...) -> None: ...
+    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("spec", "payload_chunk", "control")
+    __slots__ = ("spec", "payload_chunk", "control", "next_call")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_CHUNK_FIELD_NUMBER: _ClassVar[int]
     CONTROL_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CALL_FIELD_NUMBER: _ClassVar[int]
     spec: JobSpec
     payload_chunk: bytes
     control: Control
-    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., payload_chunk: _Optional[bytes] = ..., control: _Optional[_Union[Control, str]] = ...) -> None: ...
+    next_call: JobSpec
+    def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., payload_chunk: _Optional[bytes] = ..., control: _Optional[_Union[Control, str]] = ..., next_call: _Optional[_Union[JobSpec, _Mapping]] = ...) -> None: ...
 
 class Output(_message.Message):
     __slots__ = ("stream", "data", "offset")

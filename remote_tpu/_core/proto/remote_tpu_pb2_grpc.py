@@ -172,8 +172,7 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """End the slice's warm workers now (keep_warm). A gateway asks each of its
-        peers the same, naming the session.
+        """End the slice's warm workers (keep_warm) now.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
