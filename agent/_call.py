@@ -24,12 +24,13 @@ class Call:
     payload: bytes | str
     sha256: str
 
-    def send(self, fd: int, env_changes: Mapping[str, str]) -> None:
-        """Write the call to a worker's control pipe."""
+    def send(self, fd: int, env_changes: Mapping[str, str], warm: bool) -> None:
+        """Write the call to a worker's control pipe (``warm``: the worker stays,
+        for the next call, once it has returned)."""
         inline = isinstance(self.payload, bytes)
         wire.write_frame(fd, wire.CALL, {
             "job_dir": self.job_dir, "env": dict(env_changes), "sha256": self.sha256,
-            "payload_path": "" if inline else self.payload,
+            "payload_path": "" if inline else self.payload, "warm": warm,
         }, self.payload if inline else b"")
 
 

@@ -105,6 +105,9 @@ def _serve_parser() -> argparse.ArgumentParser:
                         "failing the job")
     p.add_argument("--max-payload-bytes", type=int, default=16 << 30,
                    help="largest function + arguments accepted (default 16 GiB)")
+    p.add_argument("--spare-workers", type=int, default=1, choices=(0, 1),
+                   help="workers kept started ahead of their job, jax imported (not "
+                        "initialized: no TPU held), so a cold call skips that (default 1)")
     p.add_argument("--exit-with-stdin", action="store_true",
                    help="shut down when standard input closes (the local slice uses this "
                         "so agents never outlive their client)")
@@ -311,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca, mtls=args.mtls,
         pass_env=frozenset(n.strip() for n in args.pass_env.split(",") if n.strip()),
         max_payload_bytes=args.max_payload_bytes, max_streams=args.max_streams,
-        max_log_bytes=args.max_log_bytes, max_store_bytes=args.max_store_bytes)
+        max_log_bytes=args.max_log_bytes, max_store_bytes=args.max_store_bytes,
+        spare_workers=args.spare_workers)
     try:
         server, port, service = create_server(config)
     except ConfigurationError as exc:

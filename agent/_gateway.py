@@ -24,6 +24,7 @@ from ._job_views import status_of, watch
 from ._job_views import result as result_events
 from ._requests import Refused, abort, hosts_for
 from ._scheduler import Scheduler
+from ._spares import Spares
 from ._store import JobRecord, JobStore
 from ._tpu import TpuGuard
 from ._uploads import Uploads
@@ -38,8 +39,9 @@ class GatewayRole:
     def __init__(self, *, config: AgentConfig, store: JobStore, uploads: Uploads,
                  tpu: TpuGuard, advertise: str, endpoint: Callable[[], str],
                  env_for: Callable[[pb.JobSpec, int, str], dict[str, str]],
-                 preempted: Callable[[], bool]) -> None:
+                 preempted: Callable[[], bool], spares: Spares) -> None:
         self._config = config
+        self._spares = spares
         self._store = store
         self._uploads = uploads
         self._tpu = tpu
@@ -101,5 +103,5 @@ class GatewayRole:
                           payload=record.payload,
                           advertise=self._advertise,
                           peer_credentials=self._config.peer_credentials, tpu=self._tpu,
-                          preempted=self._preempted, warm=warm,
+                          preempted=self._preempted, warm=warm, spares=self._spares,
                           env_for=lambda i, coord: self._env_for(spec, i, coord))

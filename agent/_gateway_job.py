@@ -32,6 +32,7 @@ from ._events import EventQueue
 from ._warm import WarmSession, new_session_id, session_record
 from ._remote_host import RemoteHost
 from ._runner import WorkerRun
+from ._spares import Spares
 from ._tpu import TpuBusy, TpuGuard
 from ._worker_env import processes_per_host
 
@@ -87,7 +88,8 @@ class GatewayJob:
     def __init__(self, *, spec: pb.JobSpec, hosts: Sequence[str], job_dir: str,
                  payload: bytes | str, advertise: str, env_for,
                  peer_credentials: Credentials, tpu: TpuGuard | None = None,
-                 preempted=lambda: False, warm: WarmSession | None = None) -> None:
+                 preempted=lambda: False, warm: WarmSession | None = None,
+                 spares: Spares | None = None) -> None:
         self.tpu = tpu
         self._preempted = preempted
         self.spec = spec
@@ -115,7 +117,8 @@ class GatewayJob:
             self._local_calls.append(call)
             if not warm:
                 self.locals.append(WorkerRun(host=k, call=call, emit=self.events.put,
-                                             forward_output=True, warm=bool(self.session_id)))
+                                             forward_output=True, warm=bool(self.session_id),
+                                             spares=spares))
         self.local = self.locals[0]
         self.payload = payload
         self._peer_specs = []

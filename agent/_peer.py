@@ -33,6 +33,7 @@ from ._events import EventQueue
 from ._hostlog import StoreFull
 from ._requests import Refused, abort
 from ._runner import WorkerRun
+from ._spares import Spares
 from ._store import JobRecord, JobStore
 from ._tpu import TpuBusy, TpuGuard
 from ._uploads import Uploads
@@ -46,8 +47,9 @@ class PeerRole:
     def __init__(self, *, store: JobStore, uploads: Uploads, tpu: TpuGuard,
                  endpoint: Callable[[], str],
                  env_for: Callable[[pb.JobSpec, int, str], dict[str, str]],
-                 preempted: Callable[[], bool]) -> None:
+                 preempted: Callable[[], bool], spares: Spares) -> None:
         self._store = store
+        self._spares = spares
         self._uploads = uploads
         self._tpu = tpu
         self._endpoint = endpoint
@@ -119,7 +121,7 @@ class PeerRole:
         nexts: queue.Queue = queue.Queue()      # a warm session's next calls; None: no more
         run = WorkerRun(host=spec.process_id, call=self._call(spec, payload, record),
                         emit=events.put, forward_output=True,
-                        warm=spec.keep_warm_seconds > 0)
+                        warm=spec.keep_warm_seconds > 0, spares=self._spares)
 
         def obey() -> None:
             try:

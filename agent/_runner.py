@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from ._call import Call, apply_outcome, unreadable
 from ._output import NoiseFilter, Tail
 from ._pipe import Pump
 from ._process import signal_name, stop_group
+from ._spares import Spares, spawn
 from ._stacks import dump_stacks
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,10 @@ class WorkerRun:
     """One host's worker for one job (or, warm, for a session's calls)."""
 
     def __init__(self, *, host: int, call: Call, emit: Emit, forward_output: bool,
-                 cancel_grace: float = 1.0, warm: bool = False) -> None:
+                 cancel_grace: float = 1.0, warm: bool = False,
+                 spares: Spares | None = None) -> None:
         self.host = host
+        self._spares = spares
         self.call = call
         self.warm = warm
         self.calls = 1                    # calls this process has been given
@@ -81,29 +83,17 @@ class WorkerRun:
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        control_r, self._control_w = os.pipe()
-        self._status_r, status_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        env = dict(self._env)
-        env[_worker.ENV_CONTROL_FD] = str(control_r)
-        env[_worker.ENV_STATUS_FD] = str(status_w)
-        env[_worker.ENV_JOB_DIR] = self.call.job_dir
-        if self.warm:
-            env[_worker.ENV_WARM] = "1"
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "remote_tpu_agent._worker"],
-                stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
-                pass_fds=(control_r, status_w), start_new_session=True, env=env,
-            )
-        except BaseException:
-            for fd in (out_r, err_r, self._status_r):
-                os.close(fd)
-            raise
-        finally:
-            for fd in (control_r, status_w, out_w, err_w):
-                os.close(fd)
+        """Start the worker (or adopt this agent's spare) and hand it its call."""
+        spare = self._spares.take(self._env) if self._spares is not None else None
+        if spare is not None:        # already up, jax imported: the call only adds
+            self.proc, self._control_w = spare.proc, spare.control_w
+            self._status_r, out_r, err_r = spare.status_r, spare.out_r, spare.err_r
+            self._stacks_path = spare.stacks_path
+            env_changes = {k: v for k, v in self._env.items() if spare.env.get(k) != v}
+        else:
+            self.proc, self._control_w, self._status_r, out_r, err_r = spawn(
+                self._env, self.call.job_dir)
+            env_changes = {}
         self.report.state = pb.HOST_STATE_RUNNING
         self._emit(pb.Event(host=self.host, started=pb.Started(pid=self.proc.pid)))
         for stream, fd in ((pb.OUTPUT_STREAM_STDOUT, out_r), (pb.OUTPUT_STREAM_STDERR, err_r)):
@@ -117,7 +107,7 @@ class WorkerRun:
                          name=f"worker{self.host}-wait").start()
         # A payload of up to INLINE_BYTES fills the pipe until the worker is up
         # to read it: the caller does not wait for that.
-        threading.Thread(target=self._send, args=(self.call, {}), daemon=True,
+        threading.Thread(target=self._send, args=(self.call, env_changes), daemon=True,
                          name=f"worker{self.host}-call").start()
 
     def release(self) -> None:
@@ -135,7 +125,7 @@ class WorkerRun:
         if self._control_w is None:
             return False
         try:
-            call.send(self._control_w, env_changes)
+            call.send(self._control_w, env_changes, self.warm)
             return True
         except OSError:
             return False

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.states import PHASE_OF_END, phase_name
 
-from . import _worker
 from ._gateway_job import GatewayJob
 from ._hostlog import StoreFull
 from ._reports import bound_end
@@ -106,6 +105,7 @@ class Scheduler:
                 return False
         record.set_phase(PHASE_OF_END[state], reason, pb.JobEnd(
             state=state, root_cause_host=-1, detail=f"{reason} (while queued)"))
+        _drop_payload(record)
         return True
 
     def stacks(self, job_id: str) -> list[pb.HostStacks] | None:
@@ -177,10 +177,7 @@ class Scheduler:
                 with self._cond:
                     self._current = None
                     self._renumber()
-                try:
-                    os.unlink(os.path.join(record.dir, _worker.PAYLOAD_FILE))
-                except OSError:
-                    pass
+                _drop_payload(record)
 
     def _usable(self, record: JobRecord, warm: WarmSession | None,
                 notices: list[str]) -> WarmSession | None:
@@ -267,3 +264,13 @@ class Scheduler:
                 record.set_phase(PHASE_OF_END[end.state], end.detail, end)
                 log.info("job %s: %s", record.job_id, phase_name(PHASE_OF_END[end.state]))
         return ended
+
+
+def _drop_payload(record: JobRecord) -> None:
+    """A job that will not run (again) needs its payload no more."""
+    if isinstance(record.payload, str):
+        try:
+            os.unlink(record.payload)
+        except OSError:
+            pass
+    record.payload = b""

@@ -43,7 +43,8 @@ from ._slots import RESERVE_THREADS, Slots
 from ._store import JobStore
 from ._tpu import TpuGuard
 from ._uploads import Uploads
-from ._worker_env import num_processes, passed_environment, worker_env
+from ._spares import Spares
+from ._worker_env import num_processes, passed_environment, spare_env, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,11 @@ class AgentService(pb_grpc.AgentServicer):
         self.tpu = TpuGuard.for_agent(config.simulate_devices, config.tpu_lockfile,
                                       config.tpu_devices, config.kill_tpu_holders)
         self._worker_base_env = passed_environment(os.environ, config.pass_env)
+        self.spares = Spares(spare_env(self._worker_base_env, config.simulate_devices),
+                             self.state_dir, config.spare_workers)
         roles = dict(store=self.store, uploads=uploads, tpu=self.tpu,
                      endpoint=lambda: self.endpoint, env_for=self._env_for,
-                     preempted=self.preempted)
+                     preempted=self.preempted, spares=self.spares)
         self.gateway = GatewayRole(config=config, advertise=self.address, **roles)
         self.scheduler = self.gateway.scheduler
         self.peer = PeerRole(**roles)
@@ -197,6 +200,7 @@ class AgentService(pb_grpc.AgentServicer):
         else:
             self.scheduler.shutdown(f"the gateway agent at {self.endpoint} is shutting down")
         self.peer.stop_all()
+        self.spares.stop()
         self.store.close()
 
 

@@ -11,10 +11,14 @@ end). It leaves with ``os._exit`` and never waits in JAX's shutdown. If the
 agent goes away (its end of the control pipe closes) the worker kills its whole
 process group.
 
-A warm worker (``REMOTE_TPU_WARM=1``, for ``keep_warm``) does not exit after
-its call: it waits for the next call of the same slice and runs it in the same
-process, ``jax.distributed`` still initialized and ``remote_tpu.state`` as the
-last call left it, until the agent releases it or goes away.
+A warm call (its CALL frame says ``warm``, for ``keep_warm``) leaves the worker
+alive after it: it waits for the next call of the same slice and runs it in the
+same process, ``jax.distributed`` still initialized and ``remote_tpu.state`` as
+the last call left it, until the agent releases it or goes away.
+
+A spare (``--spare``, ``_spares``) is started before its job: it imports jax and
+waits for its first call like any worker; its process is named ``rtpu-spare``
+until then and ``rtpu-worker`` after (as ``ps`` shows it).
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ ENV_SIMULATE_DEVICES = "REMOTE_TPU_SIMULATE_DEVICES"
 ENV_INIT_TIMEOUT = "REMOTE_TPU_JAX_INIT_TIMEOUT"
 ENV_HEARTBEAT_TIMEOUT = "REMOTE_TPU_JAX_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "REMOTE_TPU_JAX_SHUTDOWN_TIMEOUT"
-ENV_WARM = "REMOTE_TPU_WARM"                  # "1": after a call, wait for the next one
 
 PAYLOAD_FILE = "payload.bin"
 STACKS_FILE = "stacks.txt"      # SIGUSR1 appends every thread's Python stack here
@@ -215,11 +218,18 @@ def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
     return outcome, result
 
 
+def _name_process(name: str) -> None:
+    """The name ``ps`` and /proc show for this process (Linux; elsewhere none)."""
+    try:
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)     # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> None:
     job_dir = os.environ[ENV_JOB_DIR]
     control_fd = int(os.environ[ENV_CONTROL_FD])
     status_fd = int(os.environ[ENV_STATUS_FD])
-    warm = os.environ.get(ENV_WARM) == "1"
     for fd in (control_fd, status_fd):    # not for the user's own subprocesses
         os.set_inheritable(fd, False)
 
@@ -232,13 +242,18 @@ def main() -> None:
     calls: queue.Queue = queue.Queue()
     threading.Thread(target=_watch_control, args=(control_fd, calls), daemon=True,
                      name="remote-tpu-control").start()
+    _name_process("rtpu-spare" if "--spare" in sys.argv else "rtpu-worker")
     import jax  # noqa: F401 - while the first call is on its way (it does not take the TPU)
 
+    from remote_tpu._core import serialization  # noqa: F401 - likewise
+
     frame = calls.get()
+    _name_process("rtpu-worker")
     failure = None
     initialized = False
     while frame is not None:
         _, header, blob = frame
+        warm = bool(header.get("warm"))
         os.environ.update(header.get("env", {}))
         if failure is None and not initialized:
             try:

@@ -59,6 +59,17 @@ def passed_environment(base: Mapping[str, str], extra: frozenset[str] = frozense
             and not k.startswith("REMOTE_TPU_")}
 
 
+def spare_env(base: Mapping[str, str], simulate_devices: int) -> dict[str, str]:
+    """The environment a spare worker starts with: what every job's worker has
+    before its own variables (``worker_env`` adds those; ``_spares.fits`` says
+    whether a job's differ from it in anything read while starting up)."""
+    env = dict(base)
+    env["PYTHONUNBUFFERED"] = "1"
+    if simulate_devices:
+        env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
 def processes_per_host(spec: pb.JobSpec) -> int:
     return max(1, spec.processes_per_host)
 

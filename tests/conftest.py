@@ -34,11 +34,18 @@ def job_processes() -> list[psutil.Process]:
     return found
 
 
+def is_idle_spare(p: psutil.Process) -> bool:
+    """An agent's spare worker that no job has taken (it names itself
+    rtpu-worker once it has its call)."""
+    return "--spare" in p.cmdline() and p.name() != "rtpu-worker"
+
+
 def live_workers() -> list[psutil.Process]:
+    """Every live worker process that runs (or ran) a job: idle spares aside."""
     out = []
     for p in job_processes():
         try:
-            if "remote_tpu_agent._worker" in " ".join(p.cmdline()):
+            if "remote_tpu_agent._worker" in " ".join(p.cmdline()) and not is_idle_spare(p):
                 out.append(p)
         except psutil.NoSuchProcess:
             continue
@@ -136,6 +143,14 @@ class Agents:
         for path in self.state_dirs:
             shutil.rmtree(path, ignore_errors=True)
         assert not stuck, "\n".join(stuck)
+
+
+def on_agents(agents: Agents, accelerator: str = "tpu-v5litepod-4", **kw):
+    """``remote_tpu.run`` on these agents (the first is the gateway)."""
+    import remote_tpu
+
+    return remote_tpu.run(accelerator=accelerator, hosts=agents.addresses[0],
+                          token=agents.token, **kw)
 
 
 @pytest.fixture

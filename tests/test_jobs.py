@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 @pytest.fixture(scope="module")
 def pair():
-    agents = Agents(2)
+    # These tests find a job's workers by the environment they were started
+    # with (_workers_of): a spare worker is started before its job, so not here.
+    agents = Agents(2, extra=["--spare-workers", "0"])
     yield agents
     agents.stop()
 
@@ -201,7 +203,7 @@ def test_attached_caller_interrupted_or_killed_cancels_the_job(pair, tmp_path, h
 
 
 def test_agent_restart_keeps_finished_jobs_and_marks_the_running_one_lost(tmp_path):
-    agents = Agents(1, peers=False)
+    agents = Agents(1, peers=False, extra=["--spare-workers", "0"])    # see pair()
     try:
         @_on(agents, accelerator="tpu-v5litepod-4")
         def say(text, sleep):

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 import remote_tpu
-from conftest import Agents, wait_until
+from conftest import Agents, on_agents, wait_until
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._core.channels import Credentials, health
@@ -32,9 +32,7 @@ def lone():
     agents.stop()
 
 
-def _on(agents, **kw):
-    return remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0],
-                          token=agents.token, **kw)
+_on = on_agents
 
 
 def _cli(agents, *args) -> subprocess.CompletedProcess:

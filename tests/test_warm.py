@@ -13,7 +13,7 @@ import pytest
 import remote_tpu
 import psutil
 
-from conftest import ROOT, Agents, wait_until
+from conftest import ROOT, Agents, is_idle_spare, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -36,7 +36,8 @@ def _workers(agents: Agents) -> list[psutil.Process]:
         for child in children:
             try:
                 if child.status() != psutil.STATUS_ZOMBIE and \
-                        "remote_tpu_agent._worker" in " ".join(child.cmdline()):
+                        "remote_tpu_agent._worker" in " ".join(child.cmdline()) and \
+                        not is_idle_spare(child):
                     found.append(child)
             except psutil.NoSuchProcess:
                 continue
@@ -243,3 +244,36 @@ def test_keep_warm_is_checked_when_decorating(monkeypatch):
     assert remote_tpu.run(accelerator="tpu-v4-16")(lambda: 0).options.keep_warm == 30.0
     assert remote_tpu.run(accelerator="tpu-v4-16", keep_warm=0)(
         lambda: 0).options.keep_warm == 0.0
+
+
+def test_ctrl_c_in_a_warm_call_stops_every_host_and_the_next_call_starts_fresh(slice_):
+    code = ("import os, sys, time, remote_tpu\n"
+            f"@remote_tpu.run(accelerator='tpu-v4-16', hosts={slice_.addresses[0]!r}, "
+            f"token={slice_.token!r}, stream='none', keep_warm=60)\n"
+            "def step(sleep):\n"
+            "    remote_tpu.state['n'] = remote_tpu.state.get('n', 0) + 1\n"
+            "    time.sleep(sleep)\n"
+            "    return remote_tpu.state['n']\n"
+            "print('first', step(0), flush=True)\n"
+            "try:\n"
+            "    print('calling', flush=True)\n"
+            "    step(300)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n"
+            "print('next', step(0), flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == "first 1"
+        workers = _workers(slice_)
+        assert len(workers) == 2
+        assert proc.stdout.readline().strip() == "calling"
+        time.sleep(1)                        # the second call is running on both hosts
+        proc.send_signal(__import__("signal").SIGINT)
+        assert proc.stdout.readline().strip() == "interrupted"
+        assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                                          for p in workers), timeout=5)
+        assert proc.stdout.readline().strip() == "next 1"      # fresh workers, empty state
+    finally:
+        out, err = _finish(proc)
+    assert proc.returncode == 0, err

@@ -1,0 +1,171 @@
+"""Spare workers: processes started before their job, so a cold call pays only
+``jax.distributed``'s initialization and the call itself.
+
+A spare is a worker (``_worker``) whose Python is up and whose ``jax`` and
+remote_tpu modules are imported, waiting for its first call; importing jax does
+not take the TPU, so a spare never holds it. ``take`` hands one to a job's
+``WorkerRun`` (which adopts its process and pipes) when the job's environment
+agrees with the spare's on everything read while importing (``fits``); a new
+spare is started a moment later, off the job's critical start. A spare that dies
+is replaced (with a growing pause if spares keep dying), and every spare dies
+with its agent: it reads its control pipe, whose end closes when the agent goes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+
+from . import _worker
+from ._process import stop_group
+
+log = logging.getLogger(__name__)
+
+_REFILL_DELAY = 0.1        # after a take: the job's own workers start first
+_WATCH_INTERVAL = 0.5
+# Variables read while Python starts and jax is imported: a spare started
+# without the job's values of these cannot serve it. (Per-job JAX variables are
+# read later, by jax.distributed.initialize, and may differ.)
+_IMPORT_TIME = ("JAX_", "XLA_", "PYTHON", "LD_", "TF_", "LIBTPU")
+_PER_CALL = frozenset({"JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_ID", "JAX_NUM_PROCESSES"})
+
+
+def fits(spare_env: Mapping[str, str], job_env: Mapping[str, str]) -> bool:
+    """Whether a spare started with ``spare_env`` can run a job whose worker
+    environment is ``job_env``."""
+    keys = {k for k in (*spare_env, *job_env)
+            if k.startswith(_IMPORT_TIME) and k not in _PER_CALL}
+    return all(spare_env.get(k) == job_env.get(k) for k in keys)
+
+
+@dataclasses.dataclass
+class Spare:
+    """A spare's process and the agent's ends of its pipes."""
+
+    proc: subprocess.Popen
+    env: dict[str, str]
+    control_w: int
+    status_r: int
+    out_r: int
+    err_r: int
+    stacks_path: str
+
+    def close(self) -> None:
+        stop_group(self.proc, grace=0)
+        for fd in (self.control_w, self.status_r, self.out_r, self.err_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def spawn(env: Mapping[str, str], stacks_dir: str, spare: bool = False
+          ) -> tuple[subprocess.Popen, int, int, int, int]:
+    """Start a worker process in its own process group: (process, control
+    pipe's write end, status pipe's read end, stdout's and stderr's read ends)."""
+    control_r, control_w = os.pipe()
+    status_r, status_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    full = dict(env)
+    full[_worker.ENV_CONTROL_FD] = str(control_r)
+    full[_worker.ENV_STATUS_FD] = str(status_w)
+    full[_worker.ENV_JOB_DIR] = stacks_dir
+    argv = [sys.executable, "-m", "remote_tpu_agent._worker"] + (["--spare"] if spare else [])
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
+                                pass_fds=(control_r, status_w), start_new_session=True,
+                                env=full)
+    except BaseException:
+        for fd in (control_w, status_r, out_r, err_r):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (control_r, status_w, out_w, err_w):
+            os.close(fd)
+    return proc, control_w, status_r, out_r, err_r
+
+
+class Spares:
+    """This agent's spare worker (``count`` of them: 0 or 1)."""
+
+    def __init__(self, env: Mapping[str, str], state_dir: str, count: int = 1) -> None:
+        self.env = dict(env)
+        self.count = count
+        self._dir = os.path.join(state_dir, "spares")
+        shutil.rmtree(self._dir, ignore_errors=True)     # an earlier agent's
+        os.makedirs(self._dir, mode=0o700, exist_ok=True)
+        self._numbers = itertools.count()
+        self._lock = threading.Lock()
+        self._spares: list[Spare] = []
+        self._stopped = threading.Event()
+        self._deaths: list[float] = []       # when spares died untaken, recently
+        if count:
+            self._refill()
+            threading.Thread(target=self._watch, daemon=True, name="spares").start()
+
+    def take(self, job_env: Mapping[str, str]) -> Spare | None:
+        """A spare for a job with this worker environment, or None."""
+        if not fits(self.env, job_env):
+            return None
+        with self._lock:
+            spare = next((s for s in self._spares if s.proc.poll() is None), None)
+            if spare is not None:
+                self._spares.remove(spare)
+        if spare is not None:
+            timer = threading.Timer(_REFILL_DELAY, self._refill)
+            timer.daemon = True
+            timer.start()
+        return spare
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return [s.proc.pid for s in self._spares]
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with self._lock:
+            spares, self._spares = self._spares, []
+        for spare in spares:
+            spare.close()
+
+    def _refill(self) -> None:
+        with self._lock:
+            if self._stopped.is_set() or len(self._spares) >= self.count:
+                return
+            stacks = os.path.join(self._dir, f"spare-{next(self._numbers)}")
+            os.makedirs(stacks, mode=0o700, exist_ok=True)
+            try:
+                proc, control_w, status_r, out_r, err_r = spawn(self.env, stacks, spare=True)
+            except OSError as exc:
+                log.warning("cannot start a spare worker: %s", exc)
+                return
+            self._spares.append(Spare(proc, self.env, control_w, status_r, out_r, err_r,
+                                      os.path.join(stacks, _worker.STACKS_FILE)))
+
+    def _watch(self) -> None:
+        """Replace spares that died before any job took them."""
+        while not self._stopped.wait(_WATCH_INTERVAL):
+            with self._lock:
+                dead = [s for s in self._spares if s.proc.poll() is not None]
+                for spare in dead:
+                    self._spares.remove(spare)
+            for spare in dead:
+                log.warning("spare worker %d died (exit %s); starting another",
+                            spare.proc.pid, spare.proc.returncode)
+                spare.close()
+                self._deaths = [t for t in self._deaths if t > time.monotonic() - 60]
+                self._deaths.append(time.monotonic())
+            if dead:
+                # Spares that keep dying (a broken install) are retried less often.
+                if self._stopped.wait(min(30.0, 0.5 * 2 ** (len(self._deaths) - 1))):
+                    return
+                self._refill()

@@ -1,0 +1,113 @@
+"""Spare workers: started ahead of their job with jax imported, taken by a cold
+call, replaced when used or killed, gone with their agent."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+
+from conftest import Agents, on_agents, wait_until
+from remote_tpu_agent._spares import fits
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _spares(agent_pid: int) -> list[psutil.Process]:
+    """The agent's idle spare workers (named once their Python is up)."""
+    found = []
+    try:
+        children = psutil.Process(agent_pid).children()
+    except psutil.NoSuchProcess:
+        return []
+    for child in children:
+        try:
+            if "--spare" in child.cmdline() and child.name() == "rtpu-spare" and \
+                    child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _one_spare(agent_pid: int, other_than: int = 0) -> psutil.Process:
+    assert wait_until(lambda: [p for p in _spares(agent_pid) if p.pid != other_than],
+                      timeout=30), "no spare worker appeared"
+    return [p for p in _spares(agent_pid) if p.pid != other_than][0]
+
+
+@pytest.fixture
+def lone():
+    agents = Agents(1, peers=False)
+    yield agents
+    agents.stop()
+
+
+def _on(agents, **kw):
+    return on_agents(agents, stream="none", **kw)
+
+
+def test_an_environment_that_jax_reads_on_import_needs_its_own_worker():
+    spare = {"PATH": "/bin", "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
+    job = {**spare, "JAX_COORDINATOR_ADDRESS": "10.0.0.2:1", "JAX_PROCESS_ID": "3",
+           "JAX_NUM_PROCESSES": "4", "TPU_VISIBLE_CHIPS": "0", "MY_FLAG": "1"}
+    assert fits(spare, job)                             # per-job variables come later
+    assert not fits(spare, {**job, "XLA_FLAGS": "--xla_dump_to=/tmp/x"})
+    assert not fits(spare, {**job, "JAX_ENABLE_X64": "1"})
+    assert not fits(spare, {**job, "PYTHONPATH": "/opt/mine"})
+    assert not fits(spare, {k: v for k, v in job.items() if k != "JAX_PLATFORMS"})
+
+
+@pytest.mark.slow
+def test_a_cold_call_runs_in_the_spare_and_a_new_one_is_started(lone):
+    agent = lone.procs[0].pid
+    spare = _one_spare(agent)
+    files = {f.path for f in spare.open_files()}
+    assert not any("libtpu" in f or "/dev/accel" in f or "/dev/vfio" in f for f in files)
+    pid = _on(lone)(os.getpid)()
+    assert pid == spare.pid                    # the call ran in the spare
+    assert _one_spare(agent, other_than=pid).pid != pid
+
+
+@pytest.mark.slow
+def test_a_job_whose_env_jax_reads_on_import_gets_a_fresh_worker(lone):
+    spare = _one_spare(lone.procs[0].pid)
+    pid = _on(lone, env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"})(os.getpid)()
+    assert pid != spare.pid and spare.is_running()       # the spare is still there
+
+
+@pytest.mark.slow
+def test_a_spare_killed_by_hand_is_replaced(lone):
+    agent = lone.procs[0].pid
+    first = _one_spare(agent)
+    first.send_signal(signal.SIGKILL)
+    second = _one_spare(agent, other_than=first.pid)
+    assert second.pid != first.pid
+    assert _on(lone)(lambda: 5)() == 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_no_spare_outlives_its_agent(how):
+    agents = Agents(1, peers=False)
+    try:
+        spare = _one_spare(agents.procs[0].pid)
+        agents.procs[0].send_signal(how)
+        agents.procs[0].wait(15)
+        assert wait_until(lambda: not spare.is_running() or
+                          spare.status() == psutil.STATUS_ZOMBIE, timeout=10), \
+            "the spare worker outlived its agent"
+    finally:
+        agents.stop()
+
+
+@pytest.mark.slow
+def test_no_spare_when_the_agent_is_told_so():
+    agents = Agents(1, peers=False, extra=["--spare-workers", "0"])
+    try:
+        assert _on(agents)(lambda: 1)() == 1
+        assert not wait_until(lambda: _spares(agents.procs[0].pid), timeout=3)
+    finally:
+        agents.stop()
