@@ -85,6 +85,7 @@ class PeerRole:
         mine = pb.JobSpec()
         mine.CopyFrom(spec)
         mine.job_id = f"{spec.job_id}.p{spec.process_id}"     # this process's own record
+        mine.ClearField("payload")
         payload_file = ""
         try:
             record, created = self._store.create(mine, pb.ROLE_PEER)

@@ -15,7 +15,7 @@ import grpc
 
 from remote_tpu._core.channels import (Credentials, error_from_rpc, forget_if_unavailable,
                                        health, stub)
-from remote_tpu._core.limits import CHUNK_SIZE
+from remote_tpu._core.limits import CHUNK_SIZE, INLINE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.versions import differences
 
@@ -37,8 +37,8 @@ class RemoteHost:
         self._spec = spec
         self._payload = payload            # inline, or the path of its file
         self._emit = emit
-        # What to send next: a request, or a payload to send in chunks.
-        self._controls: queue.Queue[pb.RunRequest | bytes | str] = queue.Queue()
+        # What to send next: a request, or the path of a payload to send in chunks.
+        self._controls: queue.Queue[pb.RunRequest | str] = queue.Queue()
         self._closed = threading.Event()
         self._call: grpc.Future | None = None
         self._credentials = credentials
@@ -94,8 +94,8 @@ class RemoteHost:
             self._emit = emit
             self._spec = spec
             self._payload = payload
-        self._controls.put(pb.RunRequest(next_call=spec))
-        self._controls.put(payload)          # streamed from here as it is sent
+        for request in _call_requests(spec, payload, "next_call"):
+            self._controls.put(request)
         return True
 
     def abandon(self, detail: str) -> None:
@@ -118,19 +118,14 @@ class RemoteHost:
             call.cancel()
 
     def _requests(self) -> Iterator[pb.RunRequest]:
-        yield pb.RunRequest(spec=self._spec)
-        for chunk in _chunks(self._payload):
-            yield pb.RunRequest(payload_chunk=chunk)
+        for item in _call_requests(self._spec, self._payload, "spec"):
+            yield from _sent(item)
         while not self._closed.is_set():
             try:
                 item = self._controls.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if isinstance(item, pb.RunRequest):
-                yield item
-            else:
-                for chunk in _chunks(item):
-                    yield pb.RunRequest(payload_chunk=chunk)
+            yield from _sent(item)
 
     def _relay(self) -> None:
         try:
@@ -175,6 +170,33 @@ class RemoteHost:
             emit = self._emit
         emit(pb.Event(host=self.host, exited=report))
         self.finished.set()
+
+
+def _call_requests(spec: pb.JobSpec, payload: bytes | str, field: str
+                   ) -> Iterator[pb.RunRequest | str]:
+    """A call's messages: its spec (as ``field``) carrying the payload when it
+    is inline, or the spec and then the payload's file (sent in chunks)."""
+    if isinstance(payload, bytes) and len(payload) <= INLINE_BYTES:
+        inline = pb.JobSpec()
+        inline.CopyFrom(spec)
+        inline.payload = payload
+        yield pb.RunRequest(**{field: inline})
+        return
+    yield pb.RunRequest(**{field: spec})
+    if isinstance(payload, bytes):
+        for chunk in _chunks(payload):
+            yield pb.RunRequest(payload_chunk=chunk)
+    else:
+        yield payload
+
+
+def _sent(item: pb.RunRequest | str) -> Iterator[pb.RunRequest]:
+    """A request as it is, or a payload's file streamed in chunks as it is sent."""
+    if isinstance(item, pb.RunRequest):
+        yield item
+        return
+    for chunk in _chunks(item):
+        yield pb.RunRequest(payload_chunk=chunk)
 
 
 def _chunks(payload: bytes | str) -> Iterator[bytes]:

@@ -134,15 +134,6 @@ class WorkerRun:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and not self._cancelled
 
-    def _park(self) -> None:
-        with self._lock:
-            self.parked = True
-            report = pb.HostReport()
-            report.CopyFrom(self.report)
-            report.warm = True
-        emit, self._emit = self._emit, _ignore    # the call's events end here
-        emit(pb.Event(host=self.host, exited=report))
-        self.finished.set()
 
     def next_call(self, call: Call, emit: Emit) -> bool:
         """Hand a parked warm worker its next call; False if it is gone."""
@@ -286,9 +277,20 @@ class WorkerRun:
                 self.result = result if not outcome.get("result_file") else None
             report = pb.HostReport()
             report.CopyFrom(self.report)
-        self._emit(pb.Event(host=self.host, done=report))
-        if self.warm and report.state == pb.HOST_STATE_SUCCEEDED and self.alive:
-            self._park()              # its exited event (warm) ends this call here
+            # A warm worker whose function returned stays, for the next call:
+            # parked before anyone hears it is done (so no release reaches it).
+            park = self.warm and report.state == pb.HOST_STATE_SUCCEEDED and self.alive
+            self.parked = self.parked or park
+            emit = self._emit
+            if park:
+                self._emit = _ignore          # this call's events end with its exit
+        emit(pb.Event(host=self.host, done=report))
+        if park:
+            exited = pb.HostReport()
+            exited.CopyFrom(report)
+            exited.warm = True
+            emit(pb.Event(host=self.host, exited=exited))
+            self.finished.set()
 
     def _wait_exit(self) -> None:
         assert self.proc is not None

@@ -40,8 +40,18 @@ class Uploads:
 
     def receive(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest], path: str,
                 context: grpc.ServicerContext) -> bytes | str:
-        """The payload that follows the spec in ``requests``: in memory when it is
-        small (it then travels to the worker inline), else written to ``path``."""
+        """The payload: in the spec itself, or following it in ``requests``; in
+        memory when it is small (it then travels to the worker inline), else
+        written to ``path``. The spec keeps no copy of it."""
+        if spec.payload:
+            data = spec.payload
+            spec.ClearField("payload")
+            if len(data) != spec.payload_size:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"payload of {len(data)} bytes in the spec, which announces "
+                              f"{spec.payload_size}")
+            self._check_digest(spec, hashlib.sha256(data).digest(), context)
+            return data
         if spec.payload_size <= INLINE_BYTES:
             data = bytearray()
             self._take(spec, requests, context, data.extend)
@@ -75,7 +85,11 @@ class Uploads:
                               "bytes")
             write(req.payload_chunk)
             digest.update(req.payload_chunk)
-        if digest.digest() != spec.payload_sha256:
+        self._check_digest(spec, digest.digest(), context)
+
+    def _check_digest(self, spec: pb.JobSpec, digest: bytes,
+                      context: grpc.ServicerContext) -> None:
+        if digest != spec.payload_sha256:
             context.set_trailing_metadata(((ERROR_KIND_KEY, "integrity"),))
             context.abort(grpc.StatusCode.DATA_LOSS,
                           f"the payload received by the agent at {self._endpoint()} does not "

@@ -77,16 +77,19 @@ class WarmSession:
             all(remote.parked for remote in self.remotes)
 
     def parked_after(self, spec: pb.JobSpec, calls: int) -> None:
-        """A call in the session succeeded: the workers wait ``keep_warm`` more."""
+        """A call in the session succeeded: the workers wait ``keep_warm`` more
+        (a call without keep_warm leaves the time as it was). The session's
+        record changes in memory only (what lists it reads it there): were the
+        agent to die, the session would be lost all the same."""
         self.calls = calls
-        self.deadline = time.time() + spec.keep_warm_seconds
+        self.deadline = max(self.deadline, time.time() + spec.keep_warm_seconds)
+        until = time.strftime("%H:%M:%S", time.localtime(self.deadline))
         with self.record.changed:
             self.record.status.warm_until = self.deadline
             self.record.status.detail = (
                 f"warm workers of {self.owner or 'a client'}: {calls} call(s), last "
-                f"{spec.job_id}; idle until {time.strftime('%H:%M:%S', time.localtime(self.deadline))}")
+                f"{spec.job_id}; idle until {until}")
             self.record.touch()
-        self.record.store.save(self.record)
 
     def end(self, reason: str) -> None:
         """Stop every worker of the session, here and on every peer (ending its

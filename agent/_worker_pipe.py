@@ -17,11 +17,13 @@ import json
 import os
 import struct
 
+from remote_tpu._core.limits import INLINE_BYTES
+
 CALL = b"N"
 RELEASE = b"R"
 READY = b"S"
 DONE = b"D"
-INLINE_BYTES = 1 << 20      # payloads and values up to this size travel in the frame
+__all__ = ["CALL", "DONE", "INLINE_BYTES", "READY", "RELEASE", "read_frame", "write_frame"]
 
 
 def write_frame(fd: int, kind: bytes, header: dict | None = None, blob: bytes = b"") -> None:

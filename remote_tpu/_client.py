@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from ._core.limits import INLINE_BYTES
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
 from ._core.versions import versions_pb
@@ -42,6 +43,12 @@ def new_job_id(name: str) -> str:
 
 
 def _requests(spec: pb.JobSpec, payload: Payload) -> Iterator[pb.RunRequest]:
+    if payload.nbytes <= INLINE_BYTES:            # one message: the spec carries it
+        inline = pb.JobSpec()
+        inline.CopyFrom(spec)
+        inline.payload = payload.to_bytes()
+        yield pb.RunRequest(spec=inline)
+        return
     yield pb.RunRequest(spec=spec)
     for chunk in payload.chunks():
         yield pb.RunRequest(payload_chunk=chunk)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024   # gRPC's default limit, ours on both sides
 CHUNK_SIZE = 1 << 20                  # payload, result and output chunks
+# Payloads and values up to this size travel whole in one message (the job
+# spec's, a worker's pipe frame): no file, no second message.
+INLINE_BYTES = 1 << 20
 
 EXCEPTION_MESSAGE_CHARS = 64 * 1024   # str(exc) in a host's report
 TRACEBACK_CHARS = 64 * 1024           # its formatted traceback
