@@ -91,9 +91,8 @@ class RemoteHost:
             self.parked = False
             self._exited_sent = False
             self.finished.clear()
-            self._emit = emit
-            self._spec = spec
-            self._payload = payload
+            self._emit = emit           # (the call keeps its first job's id: the peer
+                                        # knows its worker by it, for stacks)
         for request in _call_requests(spec, payload, "next_call"):
             self._controls.put(request)
         return True

@@ -70,14 +70,15 @@ class Scheduler:
         """End the slice's warm workers (at once, or once the call running in
         them is over); what was done, or "" when there were none."""
         with self._cond:
-            warm = self._warm
-            if warm is None:
-                current = self._current
-                if current is None or current[1] is None or not current[1].session_id:
-                    return ""
+            warm, current = self._warm, self._current
+            if current is not None and (warm is not None or (
+                    current[1] is not None and current[1].session_id)):
+                # A call runs (or is about to) in warm workers: they end after it.
                 self._end_warm_after = reason
                 return (f"the warm workers end when the call running in them "
                         f"({current[0].job_id}) is over")
+            if warm is None:
+                return ""
             self._warm = None
             self._renumber()
             self._cond.notify_all()

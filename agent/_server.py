@@ -43,6 +43,7 @@ from ._slots import RESERVE_THREADS, Slots
 from ._store import JobStore
 from ._tpu import TpuGuard
 from ._uploads import Uploads
+from ._warm import is_session
 from ._spares import Spares
 from ._worker_env import num_processes, passed_environment, spare_env, worker_env
 
@@ -150,6 +151,10 @@ class AgentService(pb_grpc.AgentServicer):
         if not record.finished:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"job {record.job_id} has not finished yet")
+        if is_session(record):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{record.job_id} is a warm session's entry: it has no value of its "
+                          "own (each call in it has its own job and value)")
         yield from self._in_slot(self.streams, context, result(record))
 
     def Status(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.JobStatus:

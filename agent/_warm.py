@@ -34,6 +34,12 @@ def new_session_id() -> str:
     return f"warm-{uuid.uuid4().hex[:12]}"
 
 
+def is_session(record: JobRecord) -> bool:
+    """Whether a record is a warm session's entry (its ``warm_until`` stays
+    set once it has ended) rather than a job."""
+    return record.status.warm_until > 0
+
+
 def shaping(spec: pb.JobSpec) -> dict[str, object]:
     """What a worker was started with and cannot change between calls."""
     jt = spec.jax_timeouts
@@ -96,8 +102,6 @@ class WarmSession:
         call ends a peer's worker)."""
         for handle in [*self.locals, *self.remotes]:
             handle.stop()
-        with self.record.changed:
-            self.record.status.warm_until = 0
         self.record.set_phase(pb.JOB_PHASE_SUCCEEDED, f"{reason} after {self.calls} call(s)",
                               pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
                                         detail=reason))

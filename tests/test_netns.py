@@ -64,9 +64,11 @@ class _Agent:
     def __init__(self, host: str, port: int, token: str, args: list[str],
                  in_ns: bool = False) -> None:
         self.state = tempfile.mkdtemp(prefix="netns-agent-")
+        # No spare worker: these tests find a job's workers by the environment
+        # they started with, which a spare (started before its job) does not show.
         cmd = [sys.executable, "-m", "remote_tpu_agent", "--host", host, "--port", str(port),
                "--insecure", "--simulate-devices", "1", "--state-dir", self.state,
-               "--log-level", "WARNING", *args]
+               "--log-level", "WARNING", "--spare-workers", "0", *args]
         if in_ns:
             cmd = ["ip", "netns", "exec", NS, *cmd]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -277,3 +277,42 @@ def test_ctrl_c_in_a_warm_call_stops_every_host_and_the_next_call_starts_fresh(s
     finally:
         out, err = _finish(proc)
     assert proc.returncode == 0, err
+
+
+def test_release_during_a_warm_call_lets_it_finish_then_ends_the_workers(slice_):
+    @_on(slice_, keep_warm=60)
+    def step(sleep: float):
+        import time
+
+        time.sleep(sleep)
+        return "finished"
+
+    step(0)
+    handle = step.submit(3)                          # this caller's: runs warm
+    assert wait_until(lambda: handle.status().state == "RUNNING", timeout=30)
+    assert remote_tpu.release(hosts=slice_.addresses[0], token=slice_.token) is True
+    assert handle.result(timeout=60) == "finished"   # not cut short
+    assert wait_until(lambda: not _workers(slice_), timeout=10)
+
+
+def test_a_warm_calls_stacks_show_every_host_and_its_session_has_no_value(slice_):
+    @_on(slice_, keep_warm=60)
+    def nap(sleep: float):
+        import time
+
+        time.sleep(sleep)
+
+    nap(0)
+    handle = nap.submit(60)
+    assert wait_until(lambda: handle.status().state == "RUNNING", timeout=30)
+    time.sleep(0.5)
+    stacks = handle.stacks()
+    assert sorted(stacks) == [0, 1]
+    assert all("in nap" in text for text in stacks.values()), stacks
+    handle.cancel()
+    session = [j for j in remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)
+               if j.id.startswith("warm-")][0]
+    ended = remote_tpu.attach(session.id, hosts=slice_.addresses[0], token=slice_.token)
+    assert wait_until(lambda: ended.status().finished, timeout=10)
+    with pytest.raises(remote_tpu.RemoteTPUError, match="warm session's entry"):
+        ended.result(timeout=10)
