@@ -1,12 +1,13 @@
 """The gateway: process 0 of a job. Fans the job out to the peers, merges every
 host's events into one stream, and enforces fail-fast.
 
-The first host to fail is the root cause: the gateway stops every other host at
-once (SIGTERM, then SIGKILL to its process group) rather than waiting for JAX's
-heartbeat timeout, then reports every host's final state.
+The first host to fail is the root cause (``_root_cause``): the gateway stops
+every other host at once (SIGTERM, then SIGKILL to its process group) rather
+than waiting for JAX's heartbeat timeout, then reports every host's final state.
 
 With ``keep_warm`` (or in a warm session, ``_warm``) the workers outlive the
-call: released, they park, and the job is over once every host has parked. A
+call: once their function returns they park, and the job is over once every
+host has parked. A
 call that does not end so ends the session: every worker of it is stopped, here
 and on the peers, and the caller is told the warm state is gone.
 """
@@ -17,7 +18,6 @@ import concurrent.futures
 import logging
 import os
 import queue
-import re
 import socket
 import threading
 import time
@@ -31,6 +31,7 @@ from ._call import Call
 from ._events import EventQueue
 from ._warm import WarmSession, new_session_id, session_record
 from ._remote_host import RemoteHost
+from ._root_cause import root_cause
 from ._runner import WorkerRun
 from ._spares import Spares
 from ._tpu import TpuBusy, TpuGuard
@@ -49,37 +50,12 @@ class _Cancel:
         self.reason = reason
         self.state = state
 
-# Messages a surviving host prints when a *peer* failed first: consequences,
-# never the root cause while a host failed on its own.
-_SECONDARY = re.compile(
-    r"connection closed by peer|connection reset|gloo|coordination service|"
-    r"heartbeat|barrier|unavailable|deadline.?exceeded|socket closed|broken pipe",
-    re.IGNORECASE)
-
 
 def free_port(host: str) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def _is_secondary(report: pb.HostReport) -> bool:
-    if report.state == pb.HOST_STATE_FAILED:
-        return bool(_SECONDARY.search(report.exception.message)
-                    or _SECONDARY.search(report.exception.type_name))
-    if report.state == pb.HOST_STATE_DIED:
-        return report.signal == "SIGABRT"   # JAX aborts when its peers vanish
-    return False
-
-
-def root_cause(reports: Sequence[pb.HostReport]) -> int:
-    failed = [r for r in reports if r.state in (
-        pb.HOST_STATE_FAILED, pb.HOST_STATE_DIED, pb.HOST_STATE_LOST)]
-    if not failed:
-        return -1
-    failed.sort(key=lambda r: (_is_secondary(r), r.finished_at or float("inf"), r.host))
-    return failed[0].host
 
 
 class GatewayJob:
