@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 
@@ -20,14 +20,12 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from . import _worker
 from ._config import AgentConfig
 from ._gateway_job import GatewayJob
+from ._host import Host
 from ._job_views import status_of, watch
 from ._job_views import result as result_events
 from ._requests import Refused, abort, hosts_for
 from ._scheduler import Scheduler
-from ._spares import Spares
-from ._store import JobRecord, JobStore
-from ._tpu import TpuGuard
-from ._uploads import Uploads
+from ._store import JobRecord
 from ._warm import WarmSession
 from ._worker_pipe import INLINE_BYTES
 from ._worker_env import num_processes
@@ -36,37 +34,28 @@ log = logging.getLogger(__name__)
 
 
 class GatewayRole:
-    def __init__(self, *, config: AgentConfig, store: JobStore, uploads: Uploads,
-                 tpu: TpuGuard, advertise: str, endpoint: Callable[[], str],
-                 env_for: Callable[[pb.JobSpec, int, str], dict[str, str]],
-                 preempted: Callable[[], bool], spares: Spares) -> None:
+    def __init__(self, *, config: AgentConfig, host: Host, advertise: str) -> None:
         self._config = config
-        self._spares = spares
-        self._store = store
-        self._uploads = uploads
-        self._tpu = tpu
+        self._host = host
         self._advertise = advertise
-        self._endpoint = endpoint
-        self._env_for = env_for
-        self._preempted = preempted
         self.scheduler = Scheduler(self._make_job)
 
     def accept(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
                context: grpc.ServicerContext) -> tuple[JobRecord, bool]:
         """Queue a new job, or find the one with this id (idempotent submission)."""
-        existing = self._store.get(spec.job_id)
+        existing = self._host.store.get(spec.job_id)
         if existing is not None:
             return existing, False
         try:
-            hosts = hosts_for(spec, self._config.slice, self._endpoint())
+            hosts = hosts_for(spec, self._config.slice, self._host.endpoint())
         except Refused as r:
             abort(context, r)
-        path = self._uploads.new_file(spec.job_id) if spec.payload_size > INLINE_BYTES else ""
+        path = self._host.uploads.new_file(spec.job_id) if spec.payload_size > INLINE_BYTES else ""
         try:
-            payload = self._uploads.receive(spec, requests, path, context)
+            payload = self._host.uploads.receive(spec, requests, path, context)
             spec.num_hosts = len(hosts)
             spec.hosts[:] = hosts
-            record, created = self._store.create(spec, pb.ROLE_GATEWAY)
+            record, created = self._host.store.create(spec, pb.ROLE_GATEWAY)
             if created:
                 if isinstance(payload, bytes):
                     record.payload = payload
@@ -102,6 +91,6 @@ class GatewayRole:
         return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
                           payload=record.payload,
                           advertise=self._advertise,
-                          peer_credentials=self._config.peer_credentials, tpu=self._tpu,
-                          preempted=self._preempted, warm=warm, spares=self._spares,
-                          env_for=lambda i, coord: self._env_for(spec, i, coord))
+                          peer_credentials=self._config.peer_credentials, tpu=self._host.tpu,
+                          preempted=self._host.preempted, warm=warm, spares=self._host.spares,
+                          env_for=lambda i, coord: self._host.env_for(spec, i, coord))

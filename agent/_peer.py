@@ -20,7 +20,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 
@@ -30,13 +30,12 @@ from remote_tpu._core.states import phase_of_host
 from . import _worker
 from ._call import Call
 from ._events import EventQueue
+from ._host import Host
 from ._hostlog import StoreFull
 from ._requests import Refused, abort
 from ._runner import WorkerRun
-from ._spares import Spares
-from ._store import JobRecord, JobStore
-from ._tpu import TpuBusy, TpuGuard
-from ._uploads import Uploads
+from ._store import JobRecord
+from ._tpu import TpuBusy
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +43,8 @@ STREAMS = 64          # calls from gateways at once: one per process of this hos
 
 
 class PeerRole:
-    def __init__(self, *, store: JobStore, uploads: Uploads, tpu: TpuGuard,
-                 endpoint: Callable[[], str],
-                 env_for: Callable[[pb.JobSpec, int, str], dict[str, str]],
-                 preempted: Callable[[], bool], spares: Spares) -> None:
-        self._store = store
-        self._spares = spares
-        self._uploads = uploads
-        self._tpu = tpu
-        self._endpoint = endpoint
-        self._env_for = env_for
-        self._preempted = preempted
+    def __init__(self, host: Host) -> None:
+        self._host = host
         # A host runs one job's workers at a time (several when processes_per_host > 1).
         self._slot = threading.Condition()
         self._job = ""
@@ -79,7 +69,7 @@ class PeerRole:
             if not free:
                 abort(context, Refused(
                     grpc.StatusCode.RESOURCE_EXHAUSTED, "busy",
-                    f"host {self._endpoint()} is still running job {self._job}'s worker"))
+                    f"host {self._host.endpoint()} is still running job {self._job}'s worker"))
             self._job = spec.job_id
             self._count += 1
         mine = pb.JobSpec()
@@ -88,18 +78,18 @@ class PeerRole:
         mine.ClearField("payload")
         payload_file = ""
         try:
-            record, created = self._store.create(mine, pb.ROLE_PEER)
+            record, created = self._host.store.create(mine, pb.ROLE_PEER)
             if not created:
                 abort(context, Refused(grpc.StatusCode.ALREADY_EXISTS, "protocol",
                                        f"job {spec.job_id} already ran on this host"))
             payload_file = os.path.join(record.dir, _worker.PAYLOAD_FILE)
-            payload = self._uploads.receive(spec, requests, payload_file, context)
+            payload = self._host.uploads.receive(spec, requests, payload_file, context)
             try:
-                self._tpu.prepare()
+                self._host.tpu.prepare()
             except TpuBusy as exc:
                 record.set_phase(pb.JOB_PHASE_FAILED, str(exc))
                 abort(context, Refused(grpc.StatusCode.FAILED_PRECONDITION, "busy",
-                                       f"host {self._endpoint()}: {exc}"))
+                                       f"host {self._host.endpoint()}: {exc}"))
             record.set_phase(pb.JOB_PHASE_RUNNING)
             yield from self._events(spec, payload, requests, record, context)
         finally:
@@ -113,7 +103,7 @@ class PeerRole:
 
     def _call(self, spec: pb.JobSpec, payload: bytes | str, record: JobRecord) -> Call:
         return Call(job_dir=record.dir, payload=payload, sha256=spec.payload_sha256.hex(),
-                    env=self._env_for(spec, spec.process_id, spec.coordinator_address))
+                    env=self._host.env_for(spec, spec.process_id, spec.coordinator_address))
 
     def _events(self, spec: pb.JobSpec, payload: bytes | str,
                 requests: Iterator[pb.RunRequest], record: JobRecord,
@@ -122,14 +112,14 @@ class PeerRole:
         nexts: queue.Queue = queue.Queue()      # a warm session's next calls; None: no more
         run = WorkerRun(host=spec.process_id, call=self._call(spec, payload, record),
                         emit=events.put, forward_output=True,
-                        warm=spec.keep_warm_seconds > 0, spares=self._spares)
+                        warm=spec.keep_warm_seconds > 0, spares=self._host.spares)
 
         def obey() -> None:
             try:
                 for req in requests:
                     kind = req.WhichOneof("kind")
                     if kind == "next_call" and run.warm:
-                        data = self._uploads.receive(
+                        data = self._host.uploads.receive(
                             req.next_call, requests,
                             os.path.join(record.dir, _worker.PAYLOAD_FILE), context)
                         nexts.put((req.next_call, data))
@@ -170,7 +160,7 @@ class PeerRole:
                     except StoreFull as exc:
                         log.error("job %s: %s", spec.job_id, exc.strerror)
                 if event.HasField("exited") and event.exited.state != pb.HOST_STATE_SUCCEEDED:
-                    event.exited.preempted = self._preempted()
+                    event.exited.preempted = self._host.preempted()
                 yield event
                 if not event.HasField("exited"):
                     continue
@@ -185,7 +175,7 @@ class PeerRole:
             run.stop()
             run.finished.wait(5)
             self._runs.pop((spec.job_id, spec.process_id), None)
-            self._tpu.release()
+            self._host.tpu.release()
             record.set_phase(final, "" if final != pb.JOB_PHASE_LOST else
                              "the gateway went away before this host finished")
 

@@ -130,8 +130,8 @@ def hosts_for(spec: pb.JobSpec, found: Slice, endpoint: str) -> list[str]:
         else:
             topology.check_host_count(
                 hosts, f"the slice behind the agent at {endpoint}",
-                f"Use the accelerator this slice really is (`remote-tpu-agent --print-slice` "
-                f"on a host shows what its agent found: its --peers, or its metadata).")
+                "Use the accelerator this slice really is (`remote-tpu-agent --print-slice` "
+                "on a host shows what its agent found: its --peers, or its metadata).")
     except ConfigurationError as exc:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "config", str(exc)) from None
     return hosts

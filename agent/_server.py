@@ -34,6 +34,7 @@ from ._config import AgentConfig
 from ._discovery import MetadataServer, advertise_address
 from ._gateway import GatewayRole
 from ._guard import TokenInterceptor
+from ._host import Host
 from ._job_views import JobViews, result, status_of, watch
 from ._peer import PeerRole
 from ._reports import bound_stacks
@@ -65,12 +66,12 @@ class AgentService(pb_grpc.AgentServicer):
         self._worker_base_env = passed_environment(os.environ, config.pass_env)
         self.spares = Spares(spare_env(self._worker_base_env, config.simulate_devices),
                              self.state_dir, config.spare_workers)
-        roles = dict(store=self.store, uploads=uploads, tpu=self.tpu,
-                     endpoint=lambda: self.endpoint, env_for=self._env_for,
-                     preempted=self.preempted, spares=self.spares)
-        self.gateway = GatewayRole(config=config, advertise=self.address, **roles)
+        host = Host(store=self.store, uploads=uploads, tpu=self.tpu, spares=self.spares,
+                    endpoint=lambda: self.endpoint, env_for=self._env_for,
+                    preempted=self.preempted)
+        self.gateway = GatewayRole(config=config, host=host, advertise=self.address)
         self.scheduler = self.gateway.scheduler
-        self.peer = PeerRole(**roles)
+        self.peer = PeerRole(host)
         self.jobs = JobViews(self.store, config.slice, lambda: self.endpoint)
         self.queries = SliceQueries(config, self.tpu, lambda: self.endpoint)
         self.streams = Slots(config.max_streams, "long-lived calls (attached runs, log "

@@ -1,0 +1,29 @@
+"""What an agent's two roles (gateway and peer) share of their host."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+from ._spares import Spares
+from ._store import JobStore
+from ._tpu import TpuGuard
+from ._uploads import Uploads
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """This agent's job store, payload uploads, TPU guard and spare workers,
+    and what only the server can say: its endpoint (once bound), a worker's
+    environment for a job spec, process id and coordinator, and whether this
+    VM has been preempted."""
+
+    store: JobStore
+    uploads: Uploads
+    tpu: TpuGuard
+    spares: Spares
+    endpoint: Callable[[], str]
+    env_for: Callable[[pb.JobSpec, int, str], dict[str, str]]
+    preempted: Callable[[], bool]
