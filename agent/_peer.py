@@ -137,6 +137,10 @@ class PeerRole:
             finally:
                 nexts.put(None)
 
+        # A parked worker that dies ends the call, so its gateway knows the
+        # session is over (its last `exited` event was the warm one).
+        run.on_parked_exit = lambda: nexts.put(None)
+
         def on_done() -> None:         # the gateway's call is over: so is the worker
             threading.Thread(target=run.stop, daemon=True).start()
             events.put(None)
@@ -172,6 +176,12 @@ class PeerRole:
                 yield from self._next_call(run, nexts, events, record)
         finally:
             events.close()
+            if run.parked:              # printed since the session's last call: kept here
+                for stream, data in run.parked_output()[0]:
+                    try:
+                        record.append_output(run.host, stream, data)
+                    except StoreFull:
+                        break
             run.stop()
             run.finished.wait(5)
             self._runs.pop((spec.job_id, spec.process_id), None)

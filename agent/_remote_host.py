@@ -156,6 +156,8 @@ class RemoteHost:
                                             finished_at=time.time(), detail=detail))
         finally:
             self._closed.set()
+            with self._lock:
+                self.parked = False          # its peer's worker is gone with the call
         self._send_exited(pb.HostReport(
             host=self.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
             detail=f"agent at {self.address} ended the call without a final report"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -71,6 +72,7 @@ class WorkerRun:
         self._lock = threading.Lock()
         self._cancelled = False
         self._pumps: list[Pump] = []
+        self._noise: dict[int, tuple[NoiseFilter, threading.Lock]] = {}
         self._stacks_ready = threading.Event()   # the worker can dump its stacks
         self._status_thread: threading.Thread | None = None
         self.proc: subprocess.Popen | None = None
@@ -79,6 +81,8 @@ class WorkerRun:
         self.result_sha256 = b""          # process 0's value, once pickled
         self.result: bytes | None = None  # ... inline (else in a file of the call's job_dir)
         self.finished = threading.Event()   # set once the `exited` event is out
+        # Called when a parked (warm) worker's process ends between calls.
+        self.on_parked_exit: Callable[[], None] | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -91,8 +95,9 @@ class WorkerRun:
             self._stacks_path = spare.stacks_path
             env_changes = {k: v for k, v in self._env.items() if spare.env.get(k) != v}
         else:
-            self.proc, self._control_w, self._status_r, out_r, err_r = spawn(
-                self._env, self.call.job_dir)
+            own = self._spares.worker_dir() if self._spares is not None else self.call.job_dir
+            self._stacks_path = os.path.join(own, _worker.STACKS_FILE)
+            self.proc, self._control_w, self._status_r, out_r, err_r = spawn(self._env, own)
             env_changes = {}
         self.report.state = pb.HOST_STATE_RUNNING
         self._emit(pb.Event(host=self.host, started=pb.Started(pid=self.proc.pid)))
@@ -134,6 +139,16 @@ class WorkerRun:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and not self._cancelled
 
+
+    def parked_output(self) -> tuple[list[tuple[int, bytes]], int]:
+        """What a parked worker printed since its last call (and how many bytes
+        of it were dropped past the first MiB), taken: for a session that ends."""
+        self._drain_outputs()
+        self._flush_noise()
+        with self._lock:
+            held, self._parked_output = self._parked_output, []
+            dropped, self._parked_dropped = self._parked_dropped, 0
+        return held, dropped
 
     def next_call(self, call: Call, emit: Emit) -> bool:
         """Hand a parked warm worker its next call; False if it is gone."""
@@ -203,17 +218,24 @@ class WorkerRun:
 
     def _output_sink(self, stream: int):
         """What one output pipe's bytes go through: the tail, the noise filter,
-        then the job's events (flushed when the pipe ends)."""
-        noise = NoiseFilter()
+        then the job's events (flushed when the pipe ends, and when a call ends)."""
+        noise, lock = NoiseFilter(), threading.Lock()
+        self._noise[stream] = (noise, lock)
 
         def deliver(data: bytes) -> None:
             if data:
                 with self._lock:        # both pipes feed one tail
                     self._tail.feed(data)
-                self._emit_output(stream, noise.feed(data))
-            else:
-                self._emit_output(stream, noise.flush())
+            with lock:
+                self._emit_output(stream, noise.feed(data) if data else noise.flush())
         return deliver
+
+    def _flush_noise(self) -> None:
+        """A call is over: what the noise filter held back (a line's start that
+        could still have become a Gloo message) belongs to it."""
+        for stream, (noise, lock) in self._noise.items():
+            with lock:
+                self._emit_output(stream, noise.flush())
 
     def _emit_output(self, stream: int, shown: bytes) -> None:
         # Once we stop a host, what it prints while dying (JAX's "SIGTERM
@@ -261,6 +283,7 @@ class WorkerRun:
                     self._stacks_ready.set()
                 elif kind == wire.DONE:
                     self._drain_outputs()
+                    self._flush_noise()
                     self._on_done(header, blob)
         finally:
             os.close(self._status_r)
@@ -319,5 +342,11 @@ class WorkerRun:
                 r.last_lines[:] = self._tail.lines()
             report = pb.HostReport()
             report.CopyFrom(r)
+            was_parked, self.parked = self.parked, False
         self._emit(pb.Event(host=self.host, exited=report))
         self.finished.set()
+        own = os.path.dirname(self._stacks_path)
+        if own != self.call.job_dir:            # the worker's own files go with it
+            shutil.rmtree(own, ignore_errors=True)
+        if was_parked and self.on_parked_exit is not None:
+            self.on_parked_exit()

@@ -43,6 +43,7 @@ class Scheduler:
         self._stopping = False
         self._warm: WarmSession | None = None
         self._end_warm_after = ""   # release() while a warm call runs: end it after
+        self._lost: dict[str, str] = {}   # callers whose session died between calls: why
         self._thread = threading.Thread(target=self._loop, daemon=True, name="scheduler")
         self._thread.start()
 
@@ -66,11 +67,14 @@ class Scheduler:
                 record.touch()
             ahead = record.job_id
 
-    def release(self, reason: str) -> str:
+    def release(self, reason: str, owner: str = "") -> str:
         """End the slice's warm workers (at once, or once the call running in
-        them is over); what was done, or "" when there were none."""
+        them is over), only if ``owner``'s when given; what was done, or ""
+        when there were none."""
         with self._cond:
             warm, current = self._warm, self._current
+            if owner and (warm is None or warm.owner != owner):
+                return ""
             if current is not None and (warm is not None or (
                     current[1] is not None and current[1].session_id)):
                 # A call runs (or is about to) in warm workers: they end after it.
@@ -138,6 +142,11 @@ class Scheduler:
                 why = warm.ending or ("the agent is shutting down" if self._stopping else "")
                 if not why and time.time() >= warm.deadline:
                     why = "released: idle for its keep_warm time"
+                if not why and not warm.alive():
+                    why = "a worker of it exited between calls"
+                    self._lost[warm.owner] = (
+                        f"the warm workers of {warm.id} were stopped ({why}): this call "
+                        "started in fresh workers, and remote_tpu.state started empty")
                 if why:
                     self._warm = None
                     return None, warm, why
@@ -145,7 +154,9 @@ class Scheduler:
                     if record.spec.client_id and record.spec.client_id == warm.owner:
                         self._queue.remove(record)
                         return record, warm, ""
-                self._cond.wait(max(0.01, warm.deadline - time.time()))
+                # Woken by a job, a release, or at the deadline; and every
+                # second, to see that every worker is still there.
+                self._cond.wait(min(1.0, max(0.01, warm.deadline - time.time())))
                 continue
             if self._queue:
                 return self._queue.popleft(), None, ""
@@ -199,9 +210,10 @@ class Scheduler:
         return None
 
     def _keep_warm(self, record: JobRecord, job: GatewayJob | None,
-                   warm: WarmSession | None, ended_how: str) -> None:
+                   warm: WarmSession | None, ended_how: str) -> Callable[[], None]:
         """As a job ends (before its caller hears of it): its workers stay as
-        the slice's warm session, or the session it ran in is over."""
+        the slice's warm session, or the session it ran in is over. Returns
+        what is left to do once the caller has been told (stopping workers)."""
         session = job.kept_session(record.store) if job is not None else None
         with self._cond:
             self._current = None            # release() from here on ends the session
@@ -209,16 +221,24 @@ class Scheduler:
             if self._stopping:
                 end_now = end_now or "the agent is shutting down"
             if session is not None and not end_now:
-                session.parked_after(record.spec, session.calls + 1)
+                session.calls += 1
+                session.parked_after(record.spec)
                 self._warm = session
-                return
+                return _nothing
             self._warm = None
+        if session is not None:
+            session.calls += 1               # this call ran in it before it ends
         ended = session or warm
-        if ended is not None:
-            ended.end(end_now or f"call {record.job_id} ended {ended_how}")
+        if ended is None:
+            return _nothing
+        return lambda: ended.end(end_now or f"call {record.job_id} ended {ended_how}")
 
     def _run(self, record: JobRecord, warm: WarmSession | None = None) -> None:
         notices: list[str] = []
+        with self._cond:
+            lost = self._lost.pop(record.spec.client_id, "")
+        if lost:
+            notices.append(lost)
         warm = self._usable(record, warm, notices)
         job = None
         kept = False
@@ -227,7 +247,7 @@ class Scheduler:
             kept = self._follow(record, job, warm, notices)
         finally:
             if not kept:
-                self._keep_warm(record, job, warm, "without a final report")
+                self._keep_warm(record, job, warm, "without a final report")()
 
     def _follow(self, record: JobRecord, job: GatewayJob, warm: WarmSession | None,
                 notices: list[str]) -> bool:
@@ -258,11 +278,13 @@ class Scheduler:
                     end.detail = (f"{end.detail}; " if end.detail else "") + (
                         f"{dropped:,} bytes of output could not be stored: "
                         f"{record.store.full_message()}")
-                self._keep_warm(record, job, warm, phase_name(PHASE_OF_END[end.state]))
+                finish = self._keep_warm(record, job, warm,
+                                         phase_name(PHASE_OF_END[end.state]))
                 ended = True
                 if end.state == pb.JOB_STATE_SUCCEEDED:
                     record.keep_result(job.result_data())
                 record.set_phase(PHASE_OF_END[end.state], end.detail, end)
+                finish()
                 log.info("job %s: %s", record.job_id, phase_name(PHASE_OF_END[end.state]))
         return ended
 
@@ -275,3 +297,7 @@ def _drop_payload(record: JobRecord) -> None:
         except OSError:
             pass
     record.payload = b""
+
+
+def _nothing() -> None:
+    """Nothing left to do."""

@@ -149,13 +149,13 @@ class AgentService(pb_grpc.AgentServicer):
 
     def Result(self, request: pb.JobRef, context: grpc.ServicerContext) -> Iterator[pb.Event]:
         record = self.jobs.known(request.job_id, context)
-        if not record.finished:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"job {record.job_id} has not finished yet")
         if is_session(record):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"{record.job_id} is a warm session's entry: it has no value of its "
                           "own (each call in it has its own job and value)")
+        if not record.finished:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"job {record.job_id} has not finished yet")
         yield from self._in_slot(self.streams, context, result(record))
 
     def Status(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.JobStatus:
@@ -178,13 +178,19 @@ class AgentService(pb_grpc.AgentServicer):
         if stacks is not None:
             return pb.StacksReply(hosts=bound_stacks(stacks))
         record = self.jobs.known(request.job_id, context)
+        if is_session(record):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{record.job_id} is a warm session's entry: ask a call running in "
+                          "it for its stacks (each call has its own job)")
         context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                       f"job {record.job_id} is not running "
                       f"({phase_name(record.status.phase)}): it has no stacks")
 
     def Release(self, request: pb.ReleaseRequest, context: grpc.ServicerContext
                 ) -> pb.ReleaseReply:
-        detail = self.scheduler.release("released by a caller")
+        detail = self.scheduler.release(
+            "released by its caller, which ended" if request.client_id else
+            "released by a caller", owner=request.client_id)
         if not detail:
             redirect = gateway_redirect(self.config.slice, self.endpoint)
             if redirect is not None:

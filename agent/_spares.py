@@ -31,19 +31,21 @@ log = logging.getLogger(__name__)
 
 _REFILL_DELAY = 0.1        # after a take: the job's own workers start first
 _WATCH_INTERVAL = 0.5
-# Variables read while Python starts and jax is imported: a spare started
-# without the job's values of these cannot serve it. (Per-job JAX variables are
-# read later, by jax.distributed.initialize, and may differ.)
-_IMPORT_TIME = ("JAX_", "XLA_", "PYTHON", "LD_", "TF_", "LIBTPU")
-_PER_CALL = frozenset({"JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_ID", "JAX_NUM_PROCESSES"})
+# Variables known to be read only once the job's call has come (by our worker,
+# by jax.distributed.initialize, by libtpu when JAX first uses the TPU): a job
+# may set them differently from the spare's start. Any other difference (a
+# user's env=, which OpenBLAS, OpenMP, Python or an import may read as the
+# process starts) needs a worker started with it.
+_READ_LATER = frozenset({"JAX_COORDINATOR_ADDRESS", "JAX_PROCESS_ID", "JAX_NUM_PROCESSES",
+                         "CLOUD_TPU_TASK_ID", "ALLOW_MULTIPLE_LIBTPU_LOAD"})
+_READ_LATER_PREFIXES = ("REMOTE_TPU_", "TPU_", "MEGASCALE_")
 
 
 def fits(spare_env: Mapping[str, str], job_env: Mapping[str, str]) -> bool:
     """Whether a spare started with ``spare_env`` can run a job whose worker
     environment is ``job_env``."""
-    keys = {k for k in (*spare_env, *job_env)
-            if k.startswith(_IMPORT_TIME) and k not in _PER_CALL}
-    return all(spare_env.get(k) == job_env.get(k) for k in keys)
+    return all(spare_env.get(k) == job_env.get(k) for k in {*spare_env, *job_env}
+               if k not in _READ_LATER and not k.startswith(_READ_LATER_PREFIXES))
 
 
 @dataclasses.dataclass
@@ -100,7 +102,9 @@ class Spares:
     def __init__(self, env: Mapping[str, str], state_dir: str, count: int = 1) -> None:
         self.env = dict(env)
         self.count = count
-        self._dir = os.path.join(state_dir, "spares")
+        # Every worker's own files (its stacks), outside any job's directory: a
+        # warm worker outlives the job it started with.
+        self._dir = os.path.join(state_dir, "workers")
         shutil.rmtree(self._dir, ignore_errors=True)     # an earlier agent's
         os.makedirs(self._dir, mode=0o700, exist_ok=True)
         self._numbers = itertools.count()
@@ -126,6 +130,12 @@ class Spares:
             timer.start()
         return spare
 
+    def worker_dir(self) -> str:
+        """A new directory for one worker's own files (removed when it ends)."""
+        path = os.path.join(self._dir, f"worker-{next(self._numbers)}")
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
     def pids(self) -> list[int]:
         with self._lock:
             return [s.proc.pid for s in self._spares]
@@ -141,8 +151,7 @@ class Spares:
         with self._lock:
             if self._stopped.is_set() or len(self._spares) >= self.count:
                 return
-            stacks = os.path.join(self._dir, f"spare-{next(self._numbers)}")
-            os.makedirs(stacks, mode=0o700, exist_ok=True)
+            stacks = self.worker_dir()
             try:
                 proc, control_w, status_r, out_r, err_r = spawn(self.env, stacks, spare=True)
             except OSError as exc:

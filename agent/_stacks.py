@@ -13,7 +13,9 @@ from . import _worker
 def dump_stacks(pid: int, path: str, wait: float = 1.0) -> str:
     """Every thread's Python stack in the worker ``pid``, as it is now: it
     appends them to ``path`` when signalled (``_worker.STACKS_SIGNAL``)."""
-    before = os.path.getsize(path) if os.path.exists(path) else 0
+    if not os.path.exists(path):
+        return f"(the worker's stack file {path} is gone: no stacks)"
+    before = os.path.getsize(path)
     try:
         os.kill(pid, _worker.STACKS_SIGNAL)
     except ProcessLookupError:
@@ -26,9 +28,12 @@ def dump_stacks(pid: int, path: str, wait: float = 1.0) -> str:
         if now > before and now == size:
             break           # it grew, and stopped growing
         size = now
-    with open(path, errors="replace") as f:
-        f.seek(before)
-        text = f.read()
+    try:
+        with open(path, errors="replace") as f:
+            f.seek(before)
+            text = f.read()
+    except OSError as exc:
+        return f"(cannot read the worker's stacks: {exc})"
     if not text:
         return "(no answer: the worker did not dump its stacks in time)"
     return cut_text(text, STACKS_CHARS, f"every dump is kept in {path} on this host")

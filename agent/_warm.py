@@ -79,16 +79,18 @@ class WarmSession:
         return [name for name, value in self.shape.items() if theirs[name] != value]
 
     def alive(self) -> bool:
+        """Every worker is still there, parked (a peer's: its call is open)."""
         return all(run.parked and run.alive for run in self.locals) and \
             all(remote.parked for remote in self.remotes)
 
-    def parked_after(self, spec: pb.JobSpec, calls: int) -> None:
-        """A call in the session succeeded: the workers wait ``keep_warm`` more
-        (a call without keep_warm leaves the time as it was). The session's
-        record changes in memory only (what lists it reads it there): were the
-        agent to die, the session would be lost all the same."""
-        self.calls = calls
-        self.deadline = max(self.deadline, time.time() + spec.keep_warm_seconds)
+    def parked_after(self, spec: pb.JobSpec) -> None:
+        """A call in the session succeeded: the workers wait its ``keep_warm``
+        from now (a call without keep_warm leaves the time as it was). The
+        session's record changes in memory only (what lists it reads it there):
+        were the agent to die, the session would be lost all the same."""
+        if spec.keep_warm_seconds > 0:
+            self.deadline = time.time() + spec.keep_warm_seconds
+        calls = self.calls
         until = time.strftime("%H:%M:%S", time.localtime(self.deadline))
         with self.record.changed:
             self.record.status.warm_until = self.deadline
@@ -99,7 +101,21 @@ class WarmSession:
 
     def end(self, reason: str) -> None:
         """Stop every worker of the session, here and on every peer (ending its
-        call ends a peer's worker)."""
+        call ends a peer's worker). What this host's workers printed since the
+        last call goes to the session's own log (a peer's, to that host's own
+        copy of its first call)."""
+        for run in self.locals:
+            held, dropped = run.parked_output() if run.parked else ([], 0)
+            if dropped:
+                held.append((pb.OUTPUT_STREAM_STDERR, (
+                    f"\n[remote_tpu: {dropped:,} more bytes printed between calls were "
+                    "dropped]\n").encode()))
+            for stream, data in held:
+                try:
+                    self.record.append_output(run.host, stream, data)
+                except OSError as exc:
+                    log.error("warm session %s: cannot keep its output: %s", self.id, exc)
+                    break
         for handle in [*self.locals, *self.remotes]:
             handle.stop()
         self.record.set_phase(pb.JOB_PHASE_SUCCEEDED, f"{reason} after {self.calls} call(s)",

@@ -16,6 +16,7 @@ from ._core.exceptions import (AgentUnavailableError, AuthenticationError, Confi
                           SerializationError, VersionMismatchError)
 from ._jobs import JobHandle, JobStatus, attach, jobs, release
 from ._options import JaxTimeouts
+from ._state import state  # a dict a warm worker keeps between calls (see _state)
 from ._core.topology import Topology
 from ._core.versions import __version__
 
@@ -43,8 +44,3 @@ __all__ = [
     "run",
     "state",
 ]
-
-#: A dict on each worker process that outlives the call in a warm worker
-#: (``keep_warm``): what the next call should find (params on the devices, a
-#: compiled step, a data iterator). A fresh worker starts with it empty.
-state: dict = {}

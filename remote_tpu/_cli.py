@@ -91,10 +91,14 @@ def _jobs(args: argparse.Namespace) -> int:
 
 
 def _release(args: argparse.Namespace) -> int:
-    from ._jobs import release
+    from ._jobs import release_targets
+    from ._target import running_targets
 
-    released = release(_hosts_arg(args.hosts))
-    print("warm workers stopped" if released else "the slice had no warm workers")
+    replies = release_targets(running_targets(_hosts_arg(args.hosts)))
+    for _, detail in replies:
+        print(detail)
+    if not replies:
+        print("this process runs no local slice: nothing to release")
     return 0
 
 

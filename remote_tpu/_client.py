@@ -3,12 +3,16 @@ submitted (a handle returned at once). Where it goes is ``_target``'s."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import socket
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
+
+import grpc
 
 from ._core.limits import INLINE_BYTES
 from ._core.proto import remote_tpu_pb2 as pb
@@ -81,10 +85,40 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
     on every host if this call is interrupted or this process goes away."""
     target = _target(options)
     spec = _spec(options, payload, job_id, target)
+    if options.keep_warm and not target.local:
+        _release_at_exit(target)
     stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
     label = "process" if options.processes_per_host > 1 else "host"
-    return outcome(stream, OutputRenderer(options.stream, label), gateway=target.gateway,
-                   job_id=job_id, accelerator=options.topology.name)
+    try:
+        return outcome(stream, OutputRenderer(options.stream, label), gateway=target.gateway,
+                       job_id=job_id, accelerator=options.topology.name)
+    except KeyboardInterrupt:
+        if options.keep_warm:
+            print(f"remote_tpu: job {job_id} was cancelled on every host; the warm workers "
+                  "were stopped with it (remote_tpu.state is gone: the next call starts "
+                  "fresh)", file=sys.stderr, flush=True)
+        raise
+
+
+_warm_targets: dict[tuple[str, Any], Target] = {}
+
+
+def _release_at_exit(target: Target) -> None:
+    """Warm workers of this process on a slice it does not own (its caller id
+    dies with it) would only hold the slice for others: end them at exit."""
+    key = (target.gateway, target.credentials)
+    if not _warm_targets:
+        atexit.register(_release_all)
+    _warm_targets.setdefault(key, target)
+
+
+def _release_all() -> None:
+    for target in _warm_targets.values():
+        try:
+            target.stub().Release(pb.ReleaseRequest(client_id=client_id()), timeout=5,
+                                  metadata=target.credentials.metadata)
+        except grpc.RpcError:
+            pass                    # its idle time ends them all the same
 
 
 class _StartedRun:

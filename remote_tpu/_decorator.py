@@ -52,8 +52,8 @@ class RemoteFunction(Generic[P, R]):
         from ._target import running_targets
 
         o = self.options
-        return release_targets(running_targets(o.hosts, topology=o.topology, token=o.token,
-                                               tls=o.tls))
+        return any(released for released, _ in release_targets(running_targets(
+            o.hosts, topology=o.topology, token=o.token, tls=o.tls)))
 
     def local(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the undecorated function in this process."""

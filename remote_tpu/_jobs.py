@@ -147,6 +147,10 @@ class JobHandle:
     def result(self, timeout: float | None = None) -> Any:
         """The value process 0 returned, or the remote exception re-raised, as
         for a blocking call. Can be asked again."""
+        if self.status().warm_until is not None:     # said at once, not after the session
+            raise ConfigurationError(
+                f"{self._id} is a warm session's entry: it has no value of its own (each "
+                "call in it has its own job and value)")
         self.wait(timeout)
         stream = self._stream("Result", pb.JobRef(job_id=self._id))
         return outcome(stream, OutputRenderer("none"), gateway=self._target.gateway,
@@ -189,13 +193,13 @@ def release(hosts: str | Sequence[str] | None = None, *, token: str | None = Non
     """End the warm workers (``keep_warm``) of the slice behind ``hosts`` now,
     whoever's they are; whether there were any. ``hosts="local"``: every local
     slice this process runs."""
-    return release_targets(running_targets(hosts, token=token, tls=tls))
+    return any(released for released, _ in release_targets(
+        running_targets(hosts, token=token, tls=tls)))
 
 
-def release_targets(targets: Sequence[Target]) -> bool:
-    released = False
-    for target in targets:
-        reply = target.call(lambda t: t.stub().Release(
-            pb.ReleaseRequest(), metadata=t.credentials.metadata, timeout=60))
-        released = released or reply.released
-    return released
+def release_targets(targets: Sequence[Target]) -> list[tuple[bool, str]]:
+    """Ask each slice to end its warm workers: (whether it had any, what it did)."""
+    replies = [target.call(lambda t: t.stub().Release(
+        pb.ReleaseRequest(), metadata=t.credentials.metadata, timeout=60))
+        for target in targets]
+    return [(reply.released, reply.detail) for reply in replies]

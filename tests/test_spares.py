@@ -49,11 +49,15 @@ def _on(agents, **kw):
     return on_agents(agents, stream="none", **kw)
 
 
-def test_an_environment_that_jax_reads_on_import_needs_its_own_worker():
+def test_only_variables_read_after_start_up_may_differ_from_the_spares():
     spare = {"PATH": "/bin", "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
     job = {**spare, "JAX_COORDINATOR_ADDRESS": "10.0.0.2:1", "JAX_PROCESS_ID": "3",
            "JAX_NUM_PROCESSES": "4", "TPU_VISIBLE_CHIPS": "0", "MY_FLAG": "1"}
-    assert fits(spare, job)                             # per-job variables come later
+    assert not fits(spare, job)                   # a user's env= may be read at start-up
+    job.pop("MY_FLAG")
+    assert fits(spare, job)                       # per-job variables are read later
+    assert fits(spare, {**job, "REMOTE_TPU_JOB_ID": "j-1", "MEGASCALE_NUM_SLICES": "2"})
+    assert not fits(spare, {**job, "OPENBLAS_NUM_THREADS": "1"})
     assert not fits(spare, {**job, "XLA_FLAGS": "--xla_dump_to=/tmp/x"})
     assert not fits(spare, {**job, "JAX_ENABLE_X64": "1"})
     assert not fits(spare, {**job, "PYTHONPATH": "/opt/mine"})
@@ -72,10 +76,18 @@ def test_a_cold_call_runs_in_the_spare_and_a_new_one_is_started(lone):
 
 
 @pytest.mark.slow
-def test_a_job_whose_env_jax_reads_on_import_gets_a_fresh_worker(lone):
+def test_a_job_with_its_own_env_gets_a_worker_started_with_it(lone):
     spare = _one_spare(lone.procs[0].pid)
-    pid = _on(lone, env={"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"})(os.getpid)()
+
+    def threads():
+        import os
+
+        import numpy  # noqa: F401 - loads OpenBLAS, which reads the variable now
+        return os.getpid(), open(f"/proc/{os.getpid()}/environ", "rb").read()
+
+    pid, environ = _on(lone, env={"OPENBLAS_NUM_THREADS": "1"})(threads)()
     assert pid != spare.pid and spare.is_running()       # the spare is still there
+    assert b"OPENBLAS_NUM_THREADS=1" in environ          # set as the process started
 
 
 @pytest.mark.slow

@@ -316,3 +316,68 @@ def test_a_warm_calls_stacks_show_every_host_and_its_session_has_no_value(slice_
     assert wait_until(lambda: ended.status().finished, timeout=10)
     with pytest.raises(remote_tpu.RemoteTPUError, match="warm session's entry"):
         ended.result(timeout=10)
+
+
+def test_state_named_from_the_callers_module_is_the_workers_own(slice_):
+    """``from remote_tpu import state`` at the top of a script: the function
+    finds the worker's dict, not a copy of the caller's (it pickles by reference)."""
+    code = ("import remote_tpu\n"
+            "from remote_tpu import state\n"
+            "state['caller'] = 'only here'\n"
+            f"@remote_tpu.run(accelerator='tpu-v4-16', hosts={slice_.addresses[0]!r}, "
+            f"token={slice_.token!r}, stream='none', keep_warm=60)\n"
+            "def step():\n"
+            "    state['n'] = state.get('n', 0) + 1\n"
+            "    return state['n'], 'caller' in state, state is remote_tpu.state\n"
+            "print(step(), step(), flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "(1, False, True) (2, False, True)"
+
+
+def test_a_peer_worker_killed_between_calls_ends_the_session_and_says_so(slice_, capfd):
+    step = _on(slice_, keep_warm=60)(_count_step)
+    pids = step()["pids"]
+    os.kill(pids[1], __import__("signal").SIGKILL)      # host 1's parked worker
+    # Noticed between calls: the session ends (not at the next call's expense).
+    assert wait_until(lambda: not [j for j in remote_tpu.jobs(
+        hosts=slice_.addresses[0], token=slice_.token) if j.state == "WARM"], timeout=10)
+    again = step()                                      # fresh workers, not an error
+    assert again["counts"] == [1, 1] and not set(again["pids"]) & set(pids)
+    err = capfd.readouterr().err
+    assert "warm workers of warm-" in err and "remote_tpu.state started empty" in err
+
+
+def test_a_live_sessions_entry_says_at_once_it_has_no_value(slice_):
+    step = _on(slice_, keep_warm=60)(_count_step)
+    step()
+    session = [j for j in remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)
+               if j.state == "WARM"][0]
+    handle = remote_tpu.attach(session.id, hosts=slice_.addresses[0], token=slice_.token)
+    start = time.monotonic()
+    with pytest.raises(remote_tpu.ConfigurationError, match="warm session's entry"):
+        handle.result()
+    assert time.monotonic() - start < 30             # not after the session's 60 s
+
+
+def test_output_between_calls_is_kept(slice_):
+    @_on(slice_, keep_warm=60, stream="leader")
+    def chatty(text: str):
+        import sys
+        import threading
+        import time
+
+        def later():
+            time.sleep(0.3)
+            print("printed between calls", flush=True)
+        if text == "start":
+            threading.Thread(target=later, daemon=True).start()
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    chatty("start")
+    time.sleep(1)
+    handle = chatty.submit("a [")                     # ends with what could start a Gloo line
+    handle.result(timeout=60)
+    assert handle.logs() == "printed between calls\na ["

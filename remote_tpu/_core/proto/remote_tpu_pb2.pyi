@@ -103,8 +103,10 @@ JOB_STATE_LOST: JobState
 JOB_STATE_PREEMPTED: JobState
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("client_id",)
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    def __init__(self, client_id: _Optional[str] = ...) -> None: ...
 
 class ReleaseReply(_message.Message):
     __slots__ = ("released", "detail")
