@@ -1,9 +1,9 @@
 """Warm call: a trivial @remote_tpu.run(keep_warm=...) on a local tpu-v4-32 slice
-(4 hosts) against Ray's fan-out of the same trivial call to 4 long-lived actors
-on this machine, measured in the same run.
+(4 hosts) against Ray's fan-out of the same trivial call to as many long-lived
+actors on this machine (4), measured in the same run.
 
     .venv/bin/python -m pip install -e ".[bench]"      # Ray, for the baseline
-    .venv/bin/python benchmarks/warm_call.py [--calls 200]
+    .venv/bin/python benchmarks/warm_call.py [--calls 200] [--accelerator tpu-v4-8]
 
 Prints p50 and p90 of each over --calls calls, and the ratio of the p50s
 (issue 10: target <= 1.5x, goal <= 1.0x). Without Ray it prints ours alone and
@@ -33,8 +33,8 @@ def time_calls(fn, calls: int) -> list[float]:
     return out
 
 
-def ours(calls: int) -> tuple[list[float], float]:
-    @remote_tpu.run(accelerator="tpu-v4-32", hosts="local", keep_warm=600, stream="none")
+def ours(calls: int, accelerator: str) -> tuple[list[float], float]:
+    @remote_tpu.run(accelerator=accelerator, hosts="local", keep_warm=600, stream="none")
     def trivial():
         return 1
 
@@ -48,12 +48,12 @@ def ours(calls: int) -> tuple[list[float], float]:
     return samples, cold
 
 
-def ray_baseline(calls: int) -> list[float] | None:
+def ray_baseline(calls: int, actors: int) -> list[float] | None:
     try:
         import ray
     except ImportError:
         return None
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=actors, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
         @ray.remote(num_cpus=1)
@@ -61,11 +61,11 @@ def ray_baseline(calls: int) -> list[float] | None:
             def call(self):
                 return 1
 
-        actors = [Host.remote() for _ in range(4)]
-        ray.get([a.call.remote() for a in actors])
+        hosts = [Host.remote() for _ in range(actors)]
+        ray.get([a.call.remote() for a in hosts])
 
         def fan_out():
-            assert ray.get([a.call.remote() for a in actors]) == [1, 1, 1, 1]
+            assert ray.get([a.call.remote() for a in hosts]) == [1] * actors
         for _ in range(5):
             fan_out()
         return time_calls(fan_out, calls)
@@ -76,18 +76,20 @@ def ray_baseline(calls: int) -> list[float] | None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--accelerator", default="tpu-v4-32")
     args = parser.parse_args()
-    samples, cold = ours(args.calls)
+    hosts = remote_tpu.Topology.parse(args.accelerator).hosts
+    samples, cold = ours(args.calls, args.accelerator)
     p50, p90 = percentiles(samples)
-    print(f"remote_tpu warm call, tpu-v4-32 (4 hosts): p50 {p50 * 1e3:.1f} ms, "
+    print(f"remote_tpu warm call, {args.accelerator} ({hosts} hosts): p50 {p50 * 1e3:.1f} ms, "
           f"p90 {p90 * 1e3:.1f} ms over {args.calls} calls (first, cold call: {cold:.2f} s)")
-    baseline = ray_baseline(args.calls)
+    baseline = ray_baseline(args.calls, hosts)
     if baseline is None:
         print("Ray is not installed: `.venv/bin/python -m pip install -e '.[bench]'` "
               "for the baseline")
         return
     r50, r90 = percentiles(baseline)
-    print(f"Ray fan-out to 4 actors:                   p50 {r50 * 1e3:.1f} ms, "
+    print(f"Ray fan-out to {hosts} actor(s):                 p50 {r50 * 1e3:.1f} ms, "
           f"p90 {r90 * 1e3:.1f} ms over {args.calls} calls")
     print(f"ratio of p50s: {p50 / r50:.2f}x (target <= 1.5x, goal <= 1.0x)")
 
