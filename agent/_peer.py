@@ -177,7 +177,7 @@ class PeerRole:
         finally:
             events.close()
             if run.parked:              # printed since the session's last call: kept here
-                for stream, data in run.parked_output()[0]:
+                for stream, data in run.parked_output():
                     try:
                         record.append_output(run.host, stream, data)
                     except StoreFull:

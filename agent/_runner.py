@@ -139,16 +139,24 @@ class WorkerRun:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and not self._cancelled
 
-
-    def parked_output(self) -> tuple[list[tuple[int, bytes]], int]:
-        """What a parked worker printed since its last call (and how many bytes
-        of it were dropped past the first MiB), taken: for a session that ends."""
+    def parked_output(self) -> list[tuple[int, bytes]]:
+        """What a parked worker printed since its last call, taken: for a
+        session that ends."""
         self._drain_outputs()
         self._flush_noise()
         with self._lock:
-            held, self._parked_output = self._parked_output, []
-            dropped, self._parked_dropped = self._parked_dropped, 0
-        return held, dropped
+            return self._take_parked()
+
+    def _take_parked(self) -> list[tuple[int, bytes]]:
+        """(With ``_lock`` held.) The output kept while parked, with a note of
+        what was dropped past the first MiB."""
+        held, self._parked_output = self._parked_output, []
+        dropped, self._parked_dropped = self._parked_dropped, 0
+        if dropped:
+            held.append((pb.OUTPUT_STREAM_STDERR, (
+                f"\n[remote_tpu: {dropped:,} bytes the warm worker printed between calls "
+                "were dropped; the first MiB is above]\n").encode()))
+        return held
 
     def next_call(self, call: Call, emit: Emit) -> bool:
         """Hand a parked warm worker its next call; False if it is gone."""
@@ -164,17 +172,12 @@ class WorkerRun:
             self.report = pb.HostReport(host=self.host, state=pb.HOST_STATE_RUNNING)
             self.result_sha256, self.result = b"", None
             self.finished.clear()
-            held, self._parked_output = self._parked_output, []
-            dropped, self._parked_dropped = self._parked_dropped, 0
+            held = self._take_parked()
         self._env.update(changed)
         assert self.proc is not None
         emit(pb.Event(host=self.host, started=pb.Started(pid=self.proc.pid)))
         for stream, data in held:
             self._emit_output(stream, data)
-        if dropped:
-            self._emit_output(pb.OUTPUT_STREAM_STDERR, (
-                f"\n[remote_tpu: {dropped:,} bytes the warm worker printed between calls "
-                "were dropped; the first MiB is above]\n").encode())
         return self._send(call, changed)
 
     def stacks(self, wait: float = 1.0) -> str:

@@ -136,10 +136,6 @@ class Spares:
         os.makedirs(path, mode=0o700, exist_ok=True)
         return path
 
-    def pids(self) -> list[int]:
-        with self._lock:
-            return [s.proc.pid for s in self._spares]
-
     def stop(self) -> None:
         self._stopped.set()
         with self._lock:

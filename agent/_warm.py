@@ -105,12 +105,7 @@ class WarmSession:
         last call goes to the session's own log (a peer's, to that host's own
         copy of its first call)."""
         for run in self.locals:
-            held, dropped = run.parked_output() if run.parked else ([], 0)
-            if dropped:
-                held.append((pb.OUTPUT_STREAM_STDERR, (
-                    f"\n[remote_tpu: {dropped:,} more bytes printed between calls were "
-                    "dropped]\n").encode()))
-            for stream, data in held:
+            for stream, data in run.parked_output() if run.parked else []:
                 try:
                     self.record.append_output(run.host, stream, data)
                 except OSError as exc:
