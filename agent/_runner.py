@@ -77,6 +77,10 @@ class WorkerRun:
         self._status_thread: threading.Thread | None = None
         self.proc: subprocess.Popen | None = None
         self._control_w: int | None = None
+        # Writing to the control pipe and closing it exclude each other: a
+        # close racing a write (or a second close) would hit whatever pipe
+        # took the descriptor's number next, another worker's.
+        self._control_lock = threading.Lock()
         self.report = pb.HostReport(host=host, state=pb.HOST_STATE_PENDING)
         self.result_sha256 = b""          # process 0's value, once pickled
         self.result: bytes | None = None  # ... inline (else in a file of the call's job_dir)
@@ -119,21 +123,24 @@ class WorkerRun:
         """Every host has finished: let the worker exit. (A warm worker parked
         itself as soon as its function returned: no process exits, so none
         can leave a peer in a collective.)"""
-        if self.parked or self._control_w is None:
+        if self.parked:
             return
-        try:
-            wire.write_frame(self._control_w, wire.RELEASE)
-        except OSError:
-            pass
+        self._write_control(lambda fd: wire.write_frame(fd, wire.RELEASE))
 
     def _send(self, call: Call, env_changes: dict[str, str]) -> bool:
-        if self._control_w is None:
-            return False
-        try:
-            call.send(self._control_w, env_changes, self.warm)
-            return True
-        except OSError:
-            return False
+        return self._write_control(lambda fd: call.send(fd, env_changes, self.warm))
+
+    def _write_control(self, write: Callable[[int], None]) -> bool:
+        """Write to the worker's control pipe, unless it is closed. (A write
+        blocked on a full pipe ends once ``stop`` has killed the reader.)"""
+        with self._control_lock:
+            if self._control_w is None:
+                return False
+            try:
+                write(self._control_w)
+                return True
+            except OSError:
+                return False
 
     @property
     def alive(self) -> bool:
@@ -210,12 +217,13 @@ class WorkerRun:
             self.parked = False
         if self.proc is not None and self.proc.poll() is None:
             self.cancel()
-        if self._control_w is not None:
+        with self._control_lock:        # closed once, by one caller (see __init__)
+            fd, self._control_w = self._control_w, None
+        if fd is not None:
             try:
-                os.close(self._control_w)
+                os.close(fd)
             except OSError:
                 pass
-            self._control_w = None
 
     # ------------------------------------------------------------ threads
 

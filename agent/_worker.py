@@ -63,6 +63,12 @@ def _watch_control(fd: int, calls: queue.Queue) -> None:
             calls.put(frame)
             continue
         # The agent is gone (or garbled its pipe): nothing of this job may outlive it.
+        try:
+            os.write(2, b"\n[remote_tpu: the worker's control pipe from the agent "
+                        + (b"ended" if frame is None else b"sent an unknown frame")
+                        + b"; the worker stops]\n")
+        except OSError:
+            pass
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
