@@ -264,6 +264,11 @@ class GatewayJob:
                 if event.exited.state != pb.HOST_STATE_SUCCEEDED:
                     yield from self._fail(pb.JOB_STATE_FAILED)
                     return
+                if event.exited.warm:     # parked: done (a peer sends no `done` first)
+                    self.done.add(event.host)
+                    if len(self.done) == self.n:
+                        yield from self._succeed()
+                        return
 
     def _forward(self, item: object) -> Iterator[pb.Event]:
         if isinstance(item, pb.Event) and (item.HasField("output") or item.HasField("started")):

@@ -165,6 +165,8 @@ class PeerRole:
                         log.error("job %s: %s", spec.job_id, exc.strerror)
                 if event.HasField("exited") and event.exited.state != pb.HOST_STATE_SUCCEEDED:
                     event.exited.preempted = self._host.preempted()
+                if event.HasField("done") and event.done.warm:
+                    continue        # the worker parked: its `exited` (warm) says it all
                 yield event
                 if not event.HasField("exited"):
                     continue

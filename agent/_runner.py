@@ -181,8 +181,7 @@ class WorkerRun:
             self.finished.clear()
             held = self._take_parked()
         self._env.update(changed)
-        assert self.proc is not None
-        emit(pb.Event(host=self.host, started=pb.Started(pid=self.proc.pid)))
+        # (No ``started`` event: the session's first call said it, same pid.)
         for stream, data in held:
             self._emit_output(stream, data)
         return self._send(call, changed)
@@ -309,11 +308,12 @@ class WorkerRun:
             if self.report.state == pb.HOST_STATE_SUCCEEDED:
                 self.result_sha256 = bytes.fromhex(outcome.get("result_sha256", ""))
                 self.result = result if not outcome.get("result_file") else None
-            report = pb.HostReport()
-            report.CopyFrom(self.report)
             # A warm worker whose function returned stays, for the next call:
             # parked before anyone hears it is done (so no release reaches it).
-            park = self.warm and report.state == pb.HOST_STATE_SUCCEEDED and self.alive
+            park = self.warm and self.report.state == pb.HOST_STATE_SUCCEEDED and self.alive
+            report = pb.HostReport()
+            report.CopyFrom(self.report)
+            report.warm = park          # its `exited` (warm) follows at once: see _peer
             self.parked = self.parked or park
             emit = self._emit
             if park:

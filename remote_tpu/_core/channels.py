@@ -141,6 +141,7 @@ def check_plaintext(address: str) -> None:
 
 
 _channels: dict[tuple[str, Credentials], grpc.Channel] = {}
+_stubs: dict[tuple[str, Credentials], tuple[grpc.Channel, pb_grpc.AgentStub]] = {}
 _channels_lock = threading.Lock()
 
 
@@ -166,6 +167,7 @@ def forget(address: str, credentials: Credentials) -> None:
     """Drop the shared channel to ``address`` (calls still on it go on)."""
     with _channels_lock:
         _channels.pop(_channel_key(address, credentials), None)
+        _stubs.pop(_channel_key(address, credentials), None)
 
 
 def forget_if_unavailable(exc: BaseException, address: str, credentials: Credentials) -> None:
@@ -212,8 +214,18 @@ def error_from_rpc(exc: grpc.RpcError, address: str) -> RemoteTPUError:
 
 def stub(address: str, credentials: Credentials) -> pb_grpc.AgentStub:
     """The one way to call an agent: a stub on this process's shared channel to
-    ``address`` (the call's metadata still carries ``credentials.metadata``)."""
-    return pb_grpc.AgentStub(shared_channel(address, credentials))
+    ``address`` (the call's metadata still carries ``credentials.metadata``).
+    Made once per channel (a stub costs ~0.3 ms: one callable per method)."""
+    channel = shared_channel(address, credentials)
+    key = _channel_key(address, credentials)
+    with _channels_lock:
+        made = _stubs.get(key)
+        if made is not None and made[0] is channel:
+            return made[1]
+    agent = pb_grpc.AgentStub(channel)
+    with _channels_lock:
+        _stubs[key] = (channel, agent)
+    return agent
 
 
 def health(address: str, credentials: Credentials, *, attempts: int = 3,

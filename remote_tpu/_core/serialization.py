@@ -197,7 +197,21 @@ def _installed_roots() -> tuple[frozenset[str], tuple[str, ...]]:
     return names, tuple(sorted(paths))
 
 
+_local_seen: dict[str, tuple[types.ModuleType, bool]] = {}    # name: (module, answer)
+
+
 def _is_local(name: str, module: types.ModuleType) -> bool:
+    """Whether ``module`` is the user's own (remembered per module object: a
+    call looks at every module imported)."""
+    seen = _local_seen.get(name)
+    if seen is not None and seen[0] is module:
+        return seen[1]
+    answer = _judge_local(name, module)
+    _local_seen[name] = (module, answer)
+    return answer
+
+
+def _judge_local(name: str, module: types.ModuleType) -> bool:
     if name in _OWN_PACKAGES or name == "__main__":
         return False
     names, paths = _installed_roots()

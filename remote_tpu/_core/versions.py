@@ -18,7 +18,7 @@ from .proto import remote_tpu_pb2 as pb
 __version__ = "0.1.0"
 
 # Bump on any wire change an older peer could misread.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 _FIELDS = ("protocol", "remote_tpu", "python", "cloudpickle", "jax")
 
 
