@@ -107,29 +107,41 @@ class NoiseFilter:
         return text, b""
 
     def feed(self, data: bytes) -> bytes:
-        out = []
         data = self._held + data
         self._held = b""
-        while data:
-            nl = data.find(b"\n")
+        if self._owed <= 0 and not any(piece in data for piece in _PIECES):
+            # No Gloo message in sight: every whole line is the user's, as it is
+            # (a million-line print loop must not pay a regex per line).
+            nl = data.rfind(b"\n")
+            if nl >= 0:
+                self._mid_line = False
+                return data[:nl + 1] + self._feed_lines(data[nl + 1:])
+        return self._feed_lines(data)
+
+    def _feed_lines(self, data: bytes) -> bytes:
+        out = []
+        pos = 0
+        while pos < len(data):
+            nl = data.find(b"\n", pos)
             if self._mid_line:
                 if nl < 0:
-                    shown, self._held = self._split_partial(data)
+                    shown, self._held = self._split_partial(data[pos:])
                     out.append(shown)
                     break
-                out.append(self._cut_messages(data[:nl + 1]))
-                data = data[nl + 1:]
+                out.append(self._cut_messages(data[pos:nl + 1]))
+                pos = nl + 1
                 self._mid_line = False
                 continue
             if nl >= 0:
-                line, data = data[:nl + 1], data[nl + 1:]
+                line, pos = data[pos:nl + 1], nl + 1
                 if not self._is_noise(line):
                     out.append(self._cut_messages(line))
                 continue
-            if self._could_be_noise(data):
-                self._held = data
+            rest = data[pos:]
+            if self._could_be_noise(rest):
+                self._held = rest
             else:
-                shown, self._held = self._split_partial(data)
+                shown, self._held = self._split_partial(rest)
                 out.append(shown)
                 self._mid_line = True
             break
@@ -151,6 +163,13 @@ class Tail:
         self._n = n
 
     def feed(self, data: bytes) -> None:
+        cut = len(data)
+        for _ in range(self._n + 1):     # only the last n lines can stay
+            cut = data.rfind(b"\n", 0, cut)
+            if cut < 0:
+                break
+        if cut >= 0:
+            self._partial, data = b"", data[cut + 1:]
         parts = (self._partial + data).split(b"\n")
         self._partial = parts.pop()[-4096:]
         for p in parts:

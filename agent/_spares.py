@@ -14,6 +14,7 @@ with its agent: it reads its control pipe, whose end closes when the agent goes.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import itertools
 import logging
 import os
@@ -77,6 +78,8 @@ def spawn(env: Mapping[str, str], stacks_dir: str, spare: bool = False
     status_r, status_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    for fd in (out_r, err_r):           # a print burst need not wait for the agent's read
+        _grow_pipe(fd)
     full = dict(env)
     full[_worker.ENV_CONTROL_FD] = str(control_r)
     full[_worker.ENV_STATUS_FD] = str(status_w)
@@ -94,6 +97,18 @@ def spawn(env: Mapping[str, str], stacks_dir: str, spare: bool = False
         for fd in (control_r, status_w, out_w, err_w):
             os.close(fd)
     return proc, control_w, status_r, out_r, err_r
+
+
+_PIPE_BYTES = 1 << 20
+
+
+def _grow_pipe(fd: int) -> None:
+    """Give a pipe 1 MiB of buffer (Linux; the default is 64 KiB); where that
+    is refused or unknown, it keeps its own."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
+    except OSError:
+        pass
 
 
 class Spares:

@@ -35,6 +35,7 @@ import threading
 import time
 import traceback
 
+from remote_tpu_agent import _worker_output
 from remote_tpu_agent import _worker_pipe as wire
 
 ENV_JOB_DIR = "REMOTE_TPU_JOB_DIR"            # the worker's own files (stacks)
@@ -151,15 +152,7 @@ def _flush_output(close: bool) -> None:
     """Flush what the user's code printed (Python's and C's buffers), so the
     agent has it all before it reads the outcome; with ``close``, also close
     our ends of the output pipes (a worker that exits after this call)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
-    try:
-        ctypes.CDLL(None).fflush(None)
-    except Exception:  # noqa: BLE001
-        pass
+    _worker_output.flush()
     if not close:
         return
     null = os.open(os.devnull, os.O_WRONLY)
@@ -238,6 +231,7 @@ def main() -> None:
     status_fd = int(os.environ[ENV_STATUS_FD])
     for fd in (control_fd, status_fd):    # not for the user's own subprocesses
         os.set_inheritable(fd, False)
+    _worker_output.buffer_output()
 
     # On demand (and on timeout) the agent asks where every thread is; this works
     # even while the main thread is stuck inside a C call or a collective.
