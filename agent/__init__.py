@@ -4,6 +4,17 @@ Installed from the ``agent/`` source directory under the name
 ``remote_tpu_agent`` so it cannot collide with anything in a user's environment.
 """
 
-from remote_tpu._core.versions import __version__
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """``__version__``, read when asked (the worker imports this package, and
+    should not pay for what it does not use)."""
+    if name == "__version__":
+        from remote_tpu._core.versions import __version__
+        return __version__
+    raise AttributeError(f"module 'remote_tpu_agent' has no attribute {name!r}")

@@ -52,6 +52,7 @@ def shaping(spec: pb.JobSpec) -> dict[str, object]:
         "jax_timeouts": (jt.initialization_seconds, jt.heartbeat_seconds,
                          jt.shutdown_seconds),
         "devices_per_host": spec.devices_per_host,
+        "init_jax": not spec.skip_jax_init,
         "client versions": (v.python, v.cloudpickle, v.remote_tpu),
     }
 

@@ -45,6 +45,7 @@ ENV_SIMULATE_DEVICES = "REMOTE_TPU_SIMULATE_DEVICES"
 ENV_INIT_TIMEOUT = "REMOTE_TPU_JAX_INIT_TIMEOUT"
 ENV_HEARTBEAT_TIMEOUT = "REMOTE_TPU_JAX_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "REMOTE_TPU_JAX_SHUTDOWN_TIMEOUT"
+ENV_INIT_JAX = "REMOTE_TPU_INIT_JAX"          # "0": init_jax=False (no jax at all)
 
 PAYLOAD_FILE = "payload.bin"
 STACKS_FILE = "stacks.txt"      # SIGUSR1 appends every thread's Python stack here
@@ -85,6 +86,11 @@ def _await_coordinator(address: str, timeout: float) -> None:
             return
         except OSError:
             time.sleep(0.01)
+
+
+def _wants_jax() -> bool:
+    """Whether this worker's job uses JAX (``init_jax=False`` says not)."""
+    return os.environ.get(ENV_INIT_JAX, "1") != "0"
 
 
 def _initialize_jax(process_id: int, num_processes: int) -> None:
@@ -243,7 +249,8 @@ def main() -> None:
     threading.Thread(target=_watch_control, args=(control_fd, calls), daemon=True,
                      name="remote-tpu-control").start()
     _name_process("rtpu-spare" if "--spare" in sys.argv else "rtpu-worker")
-    import jax  # noqa: F401 - while the first call is on its way (it does not take the TPU)
+    if _wants_jax():
+        import jax  # noqa: F401 - while the first call is on its way (it does not take the TPU)
 
     from remote_tpu._core import serialization  # noqa: F401 - likewise
 
@@ -255,7 +262,7 @@ def main() -> None:
         _, header, blob = frame
         warm = bool(header.get("warm"))
         os.environ.update(header.get("env", {}))
-        if failure is None and not initialized:
+        if failure is None and not initialized and _wants_jax():
             try:
                 _initialize_jax(int(os.environ["JAX_PROCESS_ID"]),
                                 int(os.environ["JAX_NUM_PROCESSES"]))

@@ -250,8 +250,12 @@ def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
         "REMOTE_TPU_PROCESS_INDEX": str(process_id),
         "REMOTE_TPU_NUM_HOSTS": str(spec.num_hosts),
         "REMOTE_TPU_ACCELERATOR": spec.accelerator,
-        "PYTHONUNBUFFERED": "1",     # prints reach the caller as they happen
+        # The user's own Python subprocesses print as they go (the worker's own
+        # streams are buffered and flushed on a timer: _worker_output).
+        "PYTHONUNBUFFERED": "1",
     })
+    if spec.skip_jax_init:
+        env[_worker.ENV_INIT_JAX] = "0"
     timeouts = spec.jax_timeouts
     if timeouts.initialization_seconds:
         env[_worker.ENV_INIT_TIMEOUT] = str(timeouts.initialization_seconds)

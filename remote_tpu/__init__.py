@@ -8,17 +8,47 @@
 Importing remote_tpu does not import jax.
 """
 
-from ._core.auth import TLS
-from ._decorator import RemoteFunction, run
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from ._core.exceptions import (AgentUnavailableError, AuthenticationError, ConfigurationError,
-                          JobFailedError,
-                          JobTimeoutError, RemoteError, RemoteTPUError, RemoteTraceback,
-                          SerializationError, VersionMismatchError)
-from ._jobs import JobHandle, JobStatus, attach, jobs, release
-from ._options import JaxTimeouts
+                               JobFailedError, JobTimeoutError, RemoteError, RemoteTPUError,
+                               RemoteTraceback, SerializationError, VersionMismatchError)
 from ._state import state  # a dict a warm worker keeps between calls (see _state)
-from ._core.topology import Topology
-from ._core.versions import __version__
+
+# The rest is imported when first used: a worker (which imports remote_tpu to
+# unpickle a function) pays for gRPC and protobuf only if the function does.
+_LAZY = {
+    "TLS": "._core.auth",
+    "RemoteFunction": "._decorator", "run": "._decorator",
+    "JobHandle": "._jobs", "JobStatus": "._jobs", "attach": "._jobs", "jobs": "._jobs",
+    "release": "._jobs",
+    "JaxTimeouts": "._options",
+    "Topology": "._core.topology",
+    "__version__": "._core.versions",
+}
+
+if _TYPE_CHECKING:
+    from ._core.auth import TLS
+    from ._core.topology import Topology
+    from ._core.versions import __version__
+    from ._decorator import RemoteFunction, run
+    from ._jobs import JobHandle, JobStatus, attach, jobs, release
+    from ._options import JaxTimeouts
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'remote_tpu' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AgentUnavailableError",

@@ -77,6 +77,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) ->
         payload_size=payload.nbytes, devices_per_host=topology.devices_per_host,
         payload_sha256=payload.sha256(), processes_per_host=options.processes_per_host,
         keep_warm_seconds=options.keep_warm, client_id=client_id(),
+        skip_jax_init=not options.init_jax,
     )
 
 

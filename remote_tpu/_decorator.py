@@ -76,6 +76,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         tls: TLS | None = None,
         processes_per_host: int = 1,
         keep_warm: float | None = None,
+        init_jax: bool = True,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -101,6 +102,11 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         This process's next call with the same slice and worker-shaping options
         runs in the same processes and finds ``remote_tpu.state`` as the last
         call left it; other callers' jobs wait. ``fn.release()`` ends them.
+    init_jax: False for a function that does not use JAX (installing a package,
+        fetching data on every host): the worker does not initialize
+        ``jax.distributed``, and a freshly started one does not import jax (a
+        spare worker started ahead of the job may have), so it starts in a
+        fraction of the time.
     """
     if fn is not None:
         raise ConfigurationError(
@@ -109,7 +115,8 @@ def run(fn: Callable[..., Any] | None = None, /, *,
             f"above {getattr(fn, '__qualname__', fn)!r}")
     options = resolve(accelerator=accelerator, hosts=hosts, timeout=timeout, stream=stream,
                       env=env, jax_timeouts=jax_timeouts, token=token, tls=tls,
-                      processes_per_host=processes_per_host, keep_warm=keep_warm)
+                      processes_per_host=processes_per_host, keep_warm=keep_warm,
+                      init_jax=init_jax)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 _READY_PREFIX = "remote-tpu-agent listening on "
 _START_TIMEOUT = 60.0
+# A spare worker imports jax ahead of its job (~1 s of CPU and ~100 MB each):
+# worth it for a few simulated hosts, not for 64 on one machine.
+_SPARES_UP_TO_HOSTS = 8
 
 
 class LocalSlice:
@@ -48,7 +51,8 @@ class LocalSlice:
                  "--port", "0", "--worker-id", str(i),
                  "--simulate-devices", str(self.devices_per_host),
                  "--state-dir", os.path.join(self.log_dir, f"state-{i}"),
-                 "--exit-with-stdin", "--log-level", "WARNING"],
+                 "--exit-with-stdin", "--log-level", "WARNING",
+                 "--spare-workers", "1" if self.hosts <= _SPARES_UP_TO_HOSTS else "0"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
                 start_new_session=True, env={**os.environ, TOKEN_ENV: self.credentials.token},
             ))

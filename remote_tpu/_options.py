@@ -41,6 +41,7 @@ class RunOptions:
     tls: TLS | None = None
     processes_per_host: int = 1
     keep_warm: float = 0.0            # seconds the workers stay after a call; 0 = none
+    init_jax: bool = True             # False: no jax import, no jax.distributed
 
     @property
     def local(self) -> bool:
@@ -96,7 +97,8 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
             timeout: float | None, stream: str | None,
             env: Mapping[str, str] | None, jax_timeouts: JaxTimeouts | None,
             token: str | None = None, tls: TLS | None = None,
-            processes_per_host: int = 1, keep_warm: float | None = None) -> RunOptions:
+            processes_per_host: int = 1, keep_warm: float | None = None,
+            init_jax: bool = True) -> RunOptions:
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
@@ -140,6 +142,8 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         raise ConfigurationError(
             f"processes_per_host={n!r}: {topology.name} has {topology.chips_per_host} chips "
             f"per host, to share evenly; use one of {', '.join(map(str, divisors))}")
+    if not isinstance(init_jax, bool):
+        raise ConfigurationError(f"init_jax= must be True or False, got {init_jax!r}")
     if tls is not None and not isinstance(tls, TLS):
         raise ConfigurationError(f"tls= must be a remote_tpu.TLS(ca=...), got {tls!r}")
     return RunOptions(
@@ -153,4 +157,5 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         env=tuple(sorted(env_items)),
         jax_timeouts=jt,
         keep_warm=_keep_warm(keep_warm),
+        init_jax=init_jax,
     )

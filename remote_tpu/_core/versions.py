@@ -10,10 +10,12 @@ import functools
 import importlib.metadata
 import platform
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .exceptions import VersionMismatchError
-from .proto import remote_tpu_pb2 as pb
+
+if TYPE_CHECKING:       # protobuf is imported only where a message is made or read
+    from .proto import remote_tpu_pb2 as pb
 
 __version__ = "0.1.0"
 
@@ -43,6 +45,8 @@ def local_versions() -> dict[str, str | int]:
 
 def versions_pb() -> pb.Versions:
     """This process's versions, as sent on the wire."""
+    from .proto import remote_tpu_pb2 as pb
+
     v = local_versions()
     return pb.Versions(protocol=int(v["protocol"]), remote_tpu=str(v["remote_tpu"]),
                        python=str(v["python"]), cloudpickle=str(v["cloudpickle"]),
@@ -57,7 +61,7 @@ def differences(theirs: Mapping[str, Any] | pb.Versions, *, releases: bool = Fal
     same Python minor version, and its format is stable only within a release).
     With ``releases``, also the remote_tpu and jax releases (which work together,
     but should not differ on one slice). Empty when nothing matters."""
-    if isinstance(theirs, pb.Versions):
+    if not isinstance(theirs, Mapping):          # a Versions message
         theirs = {f: getattr(theirs, f) for f in _FIELDS}
     a = {f: str(theirs.get(f, "") or "?") for f in _FIELDS}       # theirs
     b = {f: str(v) for f, v in local_versions().items()}          # ours

@@ -265,7 +265,7 @@ class JaxTimeouts(_message.Message):
     def __init__(self, initialization_seconds: _Optional[int] = ..., heartbeat_seconds: _Optional[int] = ..., shutdown_seconds: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_sha256", "processes_per_host", "keep_warm_seconds", "client_id", "payload")
+    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_sha256", "processes_per_host", "keep_warm_seconds", "client_id", "payload", "skip_jax_init")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -292,6 +292,7 @@ class JobSpec(_message.Message):
     KEEP_WARM_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SKIP_JAX_INIT_FIELD_NUMBER: _ClassVar[int]
     client_versions: Versions
     job_id: str
     accelerator: str
@@ -311,7 +312,8 @@ class JobSpec(_message.Message):
     keep_warm_seconds: float
     client_id: str
     payload: bytes
-    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ...) -> None: ...
+    skip_jax_init: bool
+    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., skip_jax_init: _Optional[bool] = ...) -> None: ...
 
 class RunRequest(_message.Message):
     __slots__ = ("spec", "payload_chunk", "control", "next_call")

@@ -1,0 +1,89 @@
+"""Scale: a trivial ``init_jax=False`` call on 4, 16 and 64 local hosts
+(tpu-v4-32, tpu-v4-128, tpu-v4-512), agents already up, and each agent's
+resident memory while idle.
+
+    .venv/bin/python benchmarks/scale.py [--calls 5] [--sizes tpu-v4-32,tpu-v4-512]
+
+For each slice: the median of --calls cold calls (a new worker on every host
+each time) and of as many warm ones (keep_warm: the workers stay), then the
+ratio of the 64-host median to the 4-host one (issue 11: target <= 3x), and
+the largest and median idle agent RSS (target <= 60 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import psutil
+
+import remote_tpu
+from remote_tpu._core.topology import Topology
+from remote_tpu._local_slice import get_local_slice, stop_local_slices
+
+
+def _timed(fn, calls: int) -> float:
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _idle_rss_mb(accelerator: str) -> list[float]:
+    agents = get_local_slice(Topology.parse(accelerator)).procs
+    return sorted(psutil.Process(p.pid).memory_info().rss / 2**20 for p in agents)
+
+
+def measure(accelerator: str, calls: int) -> tuple[float, float, list[float]]:
+    hosts = Topology.parse(accelerator).hosts
+
+    @remote_tpu.run(accelerator=accelerator, hosts="local", init_jax=False, stream="none")
+    def cold():
+        import os
+        return int(os.environ["REMOTE_TPU_HOST_INDEX"])
+
+    @remote_tpu.run(accelerator=accelerator, hosts="local", init_jax=False, stream="none",
+                    keep_warm=600)
+    def warm():
+        return 0
+
+    started = time.perf_counter()
+    assert cold() == 0                       # starts the agents
+    print(f"  {accelerator}: {hosts} agents up and a first call in "
+          f"{time.perf_counter() - started:.1f} s", flush=True)
+    time.sleep(2)
+    rss = _idle_rss_mb(accelerator)
+    cold_median = _timed(cold, calls)
+    warm()
+    warm_median = _timed(warm, calls)
+    warm.release()
+    stop_local_slices()
+    return cold_median, warm_median, rss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--sizes", default="tpu-v4-32,tpu-v4-128,tpu-v4-512")
+    args = parser.parse_args()
+    results = {}
+    for accelerator in args.sizes.split(","):
+        results[accelerator] = measure(accelerator, args.calls)
+    print()
+    for accelerator, (cold, warm, rss) in results.items():
+        hosts = Topology.parse(accelerator).hosts
+        print(f"{accelerator:12s} {hosts:3d} hosts: cold call {cold * 1e3:7.0f} ms, warm call "
+              f"{warm * 1e3:6.1f} ms; idle agent RSS median {statistics.median(rss):.0f} MB, "
+              f"max {max(rss):.0f} MB")
+    names = list(results)
+    if len(names) > 1:
+        small, large = results[names[0]], results[names[-1]]
+        print(f"{names[-1]} / {names[0]}: cold {large[0] / small[0]:.2f}x, warm "
+              f"{large[1] / small[1]:.2f}x (target <= 3x)")
+
+
+if __name__ == "__main__":
+    main()
