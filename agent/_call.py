@@ -16,20 +16,23 @@ from . import _worker_pipe as wire
 class Call:
     """job_dir: where the call's files go (a large value, the whole traceback);
     env: the worker's environment for it; payload: the pickled function and
-    arguments, inline (bytes) or the path of a file; sha256: the payload's
+    arguments, inline (bytes) or the path of a file (and the files of its
+    large buffers, sent apart: ``_blobs``); digest: the payload's
     digest (hex), which the worker checks before unpickling."""
 
     job_dir: str
     env: Mapping[str, str]
     payload: bytes | str
-    sha256: str
+    digest: str
+    blobs: list[str] = dataclasses.field(default_factory=list)   # its large buffers' files
 
     def send(self, fd: int, env_changes: Mapping[str, str], warm: bool) -> None:
         """Write the call to a worker's control pipe (``warm``: the worker stays,
         for the next call, once it has returned)."""
         inline = isinstance(self.payload, bytes)
         wire.write_frame(fd, wire.CALL, {
-            "job_dir": self.job_dir, "env": dict(env_changes), "sha256": self.sha256,
+            "job_dir": self.job_dir, "env": dict(env_changes), "digest": self.digest,
+            "blobs": self.blobs,
             "payload_path": "" if inline else self.payload, "warm": warm,
         }, self.payload if inline else b"")
 

@@ -105,6 +105,10 @@ def _serve_parser() -> argparse.ArgumentParser:
                         "failing the job")
     p.add_argument("--max-payload-bytes", type=int, default=16 << 30,
                    help="largest function + arguments accepted (default 16 GiB)")
+    p.add_argument("--cache-bytes", type=int, default=8 << 30,
+                   help="the argument cache: large buffers of earlier calls kept for the "
+                        "next, by content, least recently used out first; 0 = none "
+                        "(default 8 GiB; emptied when the agent starts)")
     p.add_argument("--spare-workers", type=int, default=1, choices=(0, 1),
                    help="workers kept started ahead of their job, jax imported (not "
                         "initialized: no TPU held), so a cold call skips that (default 1)")
@@ -276,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.captureWarnings(True)    # e.g. a peer reached without TLS: a log line, once
     if args.simulate_devices < 0:
         parser.error("--simulate-devices must be >= 0")
+    if args.cache_bytes < 0:
+        parser.error(f"--cache-bytes must be >= 0, got {args.cache_bytes}")
     for flag in ("keep_jobs", "max_streams"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, got "
@@ -315,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         pass_env=frozenset(n.strip() for n in args.pass_env.split(",") if n.strip()),
         max_payload_bytes=args.max_payload_bytes, max_streams=args.max_streams,
         max_log_bytes=args.max_log_bytes, max_store_bytes=args.max_store_bytes,
-        spare_workers=args.spare_workers)
+        spare_workers=args.spare_workers, cache_bytes=args.cache_bytes)
     try:
         server, port, service = create_server(config)
     except ConfigurationError as exc:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from remote_tpu._core.channels import ERROR_KIND_KEY
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from . import _worker
@@ -56,6 +57,8 @@ class GatewayRole:
             spec.num_hosts = len(hosts)
             spec.hosts[:] = hosts
             record, created = self._host.store.create(spec, pb.ROLE_GATEWAY)
+            if created and spec.blobs:
+                self._pin_blobs(record, context)
             if created:
                 if isinstance(payload, bytes):
                     record.payload = payload
@@ -68,6 +71,25 @@ class GatewayRole:
         finally:
             if path and os.path.exists(path):
                 os.unlink(path)
+
+    def _pin_blobs(self, record: JobRecord, context: grpc.ServicerContext) -> None:
+        """Keep the job's large buffers in the cache until it is over; a job
+        whose buffers are not all here fails at once (nothing has run)."""
+        refs = list(record.spec.blobs)
+        cache = self._host.blobs
+        paths = cache.pin(refs)
+        if paths is not None:
+            record.blob_paths = paths
+            record.unpin = lambda: cache.unpin(refs)
+            return
+        missing = len(cache.missing(refs))
+        why = (f"{missing} of the call's {len(refs)} large argument buffer(s) are not in the "
+               f"argument cache of the agent at {self._host.endpoint()} (sent too long ago and "
+               "evicted, or never sent): nothing was run; call again, which sends them")
+        record.set_phase(pb.JOB_PHASE_FAILED, why, pb.JobEnd(
+            state=pb.JOB_STATE_FAILED, root_cause_host=-1, detail=why))
+        context.set_trailing_metadata(((ERROR_KIND_KEY, "blobs-missing"),))
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
 
     def run_attached(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
                      context: grpc.ServicerContext) -> Iterator[pb.Event]:
@@ -89,7 +111,8 @@ class GatewayRole:
     def _make_job(self, record: JobRecord, warm: WarmSession | None) -> GatewayJob:
         spec = record.spec
         return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
-                          payload=record.payload,
+                          payload=record.payload, blob_paths=record.blob_paths,
+                          blobs=self._host.blobs,
                           advertise=self._advertise,
                           peer_credentials=self._config.peer_credentials, tpu=self._host.tpu,
                           preempted=self._host.preempted, warm=warm, spares=self._host.spares,

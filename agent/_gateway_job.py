@@ -27,6 +27,7 @@ from remote_tpu._core.addresses import join_host_port
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.channels import Credentials
 
+from ._blobs import BlobCache, ensure_on
 from ._call import Call
 from ._events import EventQueue
 from ._warm import WarmSession, new_session_id, session_record
@@ -65,7 +66,8 @@ class GatewayJob:
                  payload: bytes | str, advertise: str, env_for,
                  peer_credentials: Credentials, tpu: TpuGuard | None = None,
                  preempted=lambda: False, warm: WarmSession | None = None,
-                 spares: Spares | None = None) -> None:
+                 spares: Spares | None = None, blob_paths: Sequence[str] = (),
+                 blobs: BlobCache | None = None) -> None:
         self.tpu = tpu
         self._preempted = preempted
         self.spec = spec
@@ -80,6 +82,8 @@ class GatewayJob:
         self.coordinator = warm.coordinator if warm else \
             join_host_port(advertise, free_port(advertise))
         self._peer_credentials = peer_credentials
+        self._blobs = blobs
+        self._blob_problems: dict[str, str] = {}     # peer agent: why it lacks the buffers
         self.job_dir = job_dir
         # This host's processes: process 0 (the coordinator) works in job_dir itself.
         self.locals = list(warm.locals) if warm else []
@@ -89,7 +93,7 @@ class GatewayJob:
             if k:
                 os.makedirs(directory, exist_ok=True)
             call = Call(job_dir=directory, env=env_for(k, self.coordinator), payload=payload,
-                        sha256=spec.payload_sha256.hex())
+                        digest=spec.payload_digest.hex(), blobs=list(blob_paths))
             self._local_calls.append(call)
             if not warm:
                 self.locals.append(WorkerRun(host=k, call=call, emit=self.events.put,
@@ -132,6 +136,10 @@ class GatewayJob:
     def run(self) -> Iterator[pb.Event]:
         """Every host's output (``started``, ``output``) as it comes, then ``end``."""
         try:
+            if self._blobs is not None:
+                self._blob_problems = ensure_on([r.address for r in self.remotes],
+                                                self.spec.blobs, self._blobs,
+                                                self._peer_credentials)
             refused = self._preflight()
             if refused:
                 yield pb.Event(host=0, end=pb.JobEnd(
@@ -180,7 +188,8 @@ class GatewayJob:
             first.setdefault(remote.address, remote)
         with concurrent.futures.ThreadPoolExecutor(max(1, len(first))) as pool:
             by_agent = dict(zip(first, pool.map(lambda r: r.preflight(), first.values())))
-        problems = [by_agent[remote.address] for remote in self.remotes]
+        problems = [by_agent[remote.address] or self._blob_problems.get(remote.address, "")
+                    for remote in self.remotes]
         refused = []
         if self.tpu is not None:
             try:
@@ -214,6 +223,11 @@ class GatewayJob:
         for remote, (_, spec) in zip(self.remotes, self._peer_specs):
             if not self.reuse:
                 remote.start()
+            elif remote.address in self._blob_problems:
+                remote.stop()
+                self.events.put(pb.Event(host=remote.host, exited=pb.HostReport(
+                    host=remote.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
+                    detail=self._blob_problems[remote.address])))
             elif not remote.next_call(spec, self.payload, self.events.put):
                 self.events.put(pb.Event(host=remote.host, exited=pb.HostReport(
                     host=remote.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
@@ -323,7 +337,7 @@ class GatewayJob:
         self.warm_kept = bool(self.session_id) and all(r.warm for r in self.reports)
         yield pb.Event(host=0, end=pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
                                              hosts=self.reports,
-                                             result_sha256=self.local.result_sha256))
+                                             result_digest=self.local.result_digest))
 
     def _settle_hosts(self, handles: Sequence) -> Iterator[pb.Event]:
         """Wait for these released hosts to exit; stop those that do not."""

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
+from ._blobs import BlobCache
 from ._spares import Spares
 from ._store import JobStore
 from ._tpu import TpuGuard
@@ -15,13 +16,14 @@ from ._uploads import Uploads
 
 @dataclasses.dataclass(frozen=True)
 class Host:
-    """This agent's job store, payload uploads, TPU guard and spare workers,
+    """This agent's job store, payload uploads, argument cache, TPU guard and spare workers,
     and what only the server can say: its endpoint (once bound), a worker's
     environment for a job spec, process id and coordinator, and whether this
     VM has been preempted."""
 
     store: JobStore
     uploads: Uploads
+    blobs: BlobCache
     tpu: TpuGuard
     spares: Spares
     endpoint: Callable[[], str]

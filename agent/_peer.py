@@ -20,6 +20,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -77,6 +78,7 @@ class PeerRole:
         mine.job_id = f"{spec.job_id}.p{spec.process_id}"     # this process's own record
         mine.ClearField("payload")
         payload_file = ""
+        pinned: list[pb.BlobRef] = []      # the current call's large buffers, pinned here
         try:
             record, created = self._host.store.create(mine, pb.ROLE_PEER)
             if not created:
@@ -90,9 +92,16 @@ class PeerRole:
                 record.set_phase(pb.JOB_PHASE_FAILED, str(exc))
                 abort(context, Refused(grpc.StatusCode.FAILED_PRECONDITION, "busy",
                                        f"host {self._host.endpoint()}: {exc}"))
+            paths, why = self._pin(spec)
+            if paths is None:
+                record.set_phase(pb.JOB_PHASE_FAILED, why)
+                abort(context, Refused(grpc.StatusCode.FAILED_PRECONDITION, "blobs-missing",
+                                       why))
+            pinned[:] = spec.blobs
             record.set_phase(pb.JOB_PHASE_RUNNING)
-            yield from self._events(spec, payload, requests, record, context)
+            yield from self._events(spec, payload, requests, record, context, paths, pinned)
         finally:
+            self._host.blobs.unpin(pinned)
             if payload_file and os.path.exists(payload_file):
                 os.unlink(payload_file)
             with self._slot:
@@ -101,16 +110,29 @@ class PeerRole:
                     self._job = ""
                 self._slot.notify_all()
 
-    def _call(self, spec: pb.JobSpec, payload: bytes | str, record: JobRecord) -> Call:
-        return Call(job_dir=record.dir, payload=payload, sha256=spec.payload_sha256.hex(),
-                    env=self._host.env_for(spec, spec.process_id, spec.coordinator_address))
+    def _call(self, spec: pb.JobSpec, payload: bytes | str, record: JobRecord,
+              blob_paths: list[str]) -> Call:
+        return Call(job_dir=record.dir, payload=payload, digest=spec.payload_digest.hex(),
+                    env=self._host.env_for(spec, spec.process_id, spec.coordinator_address),
+                    blobs=blob_paths)
+
+    def _pin(self, spec: pb.JobSpec) -> tuple[list[str] | None, str]:
+        """Pin the call's large buffers here (the gateway made sure this host
+        had them just before): their paths, or None and why not."""
+        paths = self._host.blobs.pin(spec.blobs)
+        if paths is not None:
+            return paths, ""
+        missing = len(self._host.blobs.missing(spec.blobs))
+        return None, (f"host {self._host.endpoint()} lacks {missing} of the call's large "
+                      "argument buffers (its argument cache evicted them): call again")
 
     def _events(self, spec: pb.JobSpec, payload: bytes | str,
                 requests: Iterator[pb.RunRequest], record: JobRecord,
-                context: grpc.ServicerContext) -> Iterator[pb.Event]:
+                context: grpc.ServicerContext, blob_paths: list[str],
+                pinned: list[pb.BlobRef]) -> Iterator[pb.Event]:
         events = EventQueue()
         nexts: queue.Queue = queue.Queue()      # a warm session's next calls; None: no more
-        run = WorkerRun(host=spec.process_id, call=self._call(spec, payload, record),
+        run = WorkerRun(host=spec.process_id, call=self._call(spec, payload, record, blob_paths),
                         emit=events.put, forward_output=True,
                         warm=spec.keep_warm_seconds > 0, spares=self._host.spares)
 
@@ -175,7 +197,7 @@ class PeerRole:
                     final = pb.JOB_PHASE_PREEMPTED
                 if not event.exited.warm:
                     return
-                yield from self._next_call(run, nexts, events, record)
+                yield from self._next_call(run, nexts, events, record, pinned)
         finally:
             events.close()
             if run.parked:              # printed since the session's last call: kept here
@@ -192,7 +214,7 @@ class PeerRole:
                              "the gateway went away before this host finished")
 
     def _next_call(self, run: WorkerRun, nexts: queue.Queue, events: EventQueue,
-                   record: JobRecord) -> Iterator[pb.Event]:
+                   record: JobRecord, pinned: list[pb.BlobRef]) -> Iterator[pb.Event]:
         """Wait for the warm session's next call and hand it to the parked
         worker (returns at once when the session is over: the caller then sees
         no more events and ends)."""
@@ -201,7 +223,15 @@ class PeerRole:
             events.put(None)
             return
         spec, payload = item
-        if not run.next_call(self._call(spec, payload, record), events.put):
+        paths, why = self._pin(spec)
+        if paths is None:
+            yield pb.Event(host=run.host, exited=pb.HostReport(
+                host=run.host, state=pb.HOST_STATE_LOST, finished_at=time.time(), detail=why))
+            events.put(None)
+            return
+        self._host.blobs.unpin(pinned)          # the last call's: its worker mapped them
+        pinned[:] = spec.blobs
+        if not run.next_call(self._call(spec, payload, record, paths), events.put):
             yield pb.Event(host=run.host, exited=pb.HostReport(
                 host=run.host, state=pb.HOST_STATE_DIED, exited=True,
                 detail="its warm worker had exited since the last call"))

@@ -7,13 +7,13 @@ message that says what was wrong and what to do.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterator
 from typing import NoReturn
 
 import grpc
 
+from remote_tpu._core import digests
 from remote_tpu._core.channels import ERROR_KIND_KEY
 from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.limits import DETAIL_CHARS, cut_text
@@ -85,9 +85,9 @@ def _read_spec(requests: Iterator[pb.RunRequest], endpoint: str,
     if spec.stream not in (pb.STREAM_MODE_LEADER, pb.STREAM_MODE_ALL, pb.STREAM_MODE_NONE):
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
                       f"unknown stream mode {spec.stream}")
-    if len(spec.payload_sha256) != hashlib.sha256().digest_size:
+    if len(spec.payload_digest) != digests.SIZE:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
-                      "the job spec carries no SHA-256 digest of its payload")
+                      f"the job spec carries no {digests.NAME} digest of its payload")
     if spec.role == pb.ROLE_PEER and not (
             0 < spec.process_id < num_processes(spec) and spec.coordinator_address):
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",

@@ -82,7 +82,7 @@ class WorkerRun:
         # took the descriptor's number next, another worker's.
         self._control_lock = threading.Lock()
         self.report = pb.HostReport(host=host, state=pb.HOST_STATE_PENDING)
-        self.result_sha256 = b""          # process 0's value, once pickled
+        self.result_digest = b""          # process 0's value, once pickled
         self.result: bytes | None = None  # ... inline (else in a file of the call's job_dir)
         self.finished = threading.Event()   # set once the `exited` event is out
         # Called when a parked (warm) worker's process ends between calls.
@@ -177,7 +177,7 @@ class WorkerRun:
             self._emit = emit
             self._tail = Tail()
             self.report = pb.HostReport(host=self.host, state=pb.HOST_STATE_RUNNING)
-            self.result_sha256, self.result = b"", None
+            self.result_digest, self.result = b"", None
             self.finished.clear()
             held = self._take_parked()
         self._env.update(changed)
@@ -306,7 +306,7 @@ class WorkerRun:
                 log.exception("host %d: unreadable outcome", self.host)
                 apply_outcome(self.report, unreadable(exc))
             if self.report.state == pb.HOST_STATE_SUCCEEDED:
-                self.result_sha256 = bytes.fromhex(outcome.get("result_sha256", ""))
+                self.result_digest = bytes.fromhex(outcome.get("result_digest", ""))
                 self.result = result if not outcome.get("result_file") else None
             # A warm worker whose function returned stays, for the next call:
             # parked before anyone hears it is done (so no release reaches it).

@@ -291,6 +291,9 @@ class Scheduler:
 
 def _drop_payload(record: JobRecord) -> None:
     """A job that will not run (again) needs its payload no more."""
+    unpin, record.unpin = record.unpin, None
+    if unpin is not None:
+        unpin()
     if isinstance(record.payload, str):
         try:
             os.unlink(record.payload)

@@ -37,6 +37,7 @@ from ._guard import TokenInterceptor
 from ._host import Host
 from ._job_views import JobViews, result, status_of, watch
 from ._peer import PeerRole
+from ._blobs import BlobCache
 from ._reports import bound_stacks
 from ._requests import abort, checked_spec, gateway_redirect
 from ._slice_queries import SliceQueries
@@ -66,7 +67,9 @@ class AgentService(pb_grpc.AgentServicer):
         self._worker_base_env = passed_environment(os.environ, config.pass_env)
         self.spares = Spares(spare_env(self._worker_base_env, config.simulate_devices),
                              self.state_dir, config.spare_workers)
-        host = Host(store=self.store, uploads=uploads, tpu=self.tpu, spares=self.spares,
+        self.blobs = BlobCache(self.state_dir, config.cache_bytes)
+        host = Host(store=self.store, uploads=uploads, blobs=self.blobs, tpu=self.tpu,
+                    spares=self.spares,
                     endpoint=lambda: self.endpoint, env_for=self._env_for,
                     preempted=self.preempted)
         self.gateway = GatewayRole(config=config, host=host, advertise=self.address)
@@ -134,6 +137,27 @@ class AgentService(pb_grpc.AgentServicer):
         else:
             yield from self._in_slot(self.streams, context,
                                      self.gateway.run_attached(spec, request_iterator, context))
+
+    def HaveBlobs(self, request: pb.BlobQuery, context: grpc.ServicerContext
+                  ) -> pb.BlobPresence:
+        return pb.BlobPresence(present=[self.blobs.has(ref) for ref in request.blobs],
+                               capacity=self.blobs.max_bytes)
+
+    def _slice_peers(self) -> list[str]:
+        """Every other agent of this slice, as its discovery found them."""
+        found = self.config.slice
+        return [p for i, p in enumerate(found.peers) if i != found.worker_id]
+
+    def PutBlob(self, request_iterator: Iterator[pb.BlobChunk],
+                context: grpc.ServicerContext) -> pb.BlobStored:
+        release = self.streams.take(context, self.endpoint)
+        try:
+            return self.blobs.receive(request_iterator, self.config.peer_credentials,
+                                      self._slice_peers)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            release()
 
     def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext
               ) -> Iterator[pb.Event]:

@@ -16,6 +16,7 @@ import sqlite3
 import stat
 import threading
 import time
+from collections.abc import Callable
 
 from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.limits import DETAIL_CHARS, cut_text
@@ -45,6 +46,10 @@ class JobRecord:
         self.version = 0                 # bumped on every change, under `changed`
         # While queued and running (gateway): the payload, inline, or its file's path.
         self.payload: bytes | str = b""
+        # ... and its large buffers' files in the argument cache (pinned there until
+        # ``unpin`` is called, when the job is over).
+        self.blob_paths: list[str] = []
+        self.unpin: Callable[[], None] | None = None
         # Process 0's pickled value, once it succeeded, until written to its file.
         self.result: bytes | None = None
         self._logs: dict[int, HostLog] = {}

@@ -5,7 +5,6 @@ refused with what to do."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import shutil
 import tempfile
@@ -13,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from remote_tpu._core import digests
 from remote_tpu._core.channels import ERROR_KIND_KEY
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
@@ -50,7 +50,7 @@ class Uploads:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"payload of {len(data)} bytes in the spec, which announces "
                               f"{spec.payload_size}")
-            self._check_digest(spec, hashlib.sha256(data).digest(), context)
+            self._check_digest(spec, digests.of(data), context)
             return data
         if spec.payload_size <= INLINE_BYTES:
             data = bytearray()
@@ -71,27 +71,28 @@ class Uploads:
     def _take(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
               context: grpc.ServicerContext, write) -> None:
         received = 0
-        digest = hashlib.sha256()
+        digest = digests.new()
         while received < spec.payload_size:
             req = next(requests, None)
             if req is None or not req.HasField("payload_chunk"):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"payload truncated: got {received} of {spec.payload_size} "
                               "bytes")
-            received += len(req.payload_chunk)
+            chunk = req.payload_chunk     # (each read of the field is a new copy)
+            received += len(chunk)
             if received > spec.payload_size:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"payload longer than the announced {spec.payload_size} "
                               "bytes")
-            write(req.payload_chunk)
-            digest.update(req.payload_chunk)
+            write(chunk)
+            digest.update(chunk)
         self._check_digest(spec, digest.digest(), context)
 
     def _check_digest(self, spec: pb.JobSpec, digest: bytes,
                       context: grpc.ServicerContext) -> None:
-        if digest != spec.payload_sha256:
+        if digest != spec.payload_digest:
             context.set_trailing_metadata(((ERROR_KIND_KEY, "integrity"),))
             context.abort(grpc.StatusCode.DATA_LOSS,
                           f"the payload received by the agent at {self._endpoint()} does not "
-                          "match its SHA-256 digest: it was corrupted or altered on the "
+                          f"match its {digests.NAME} digest: it was corrupted or altered on the "
                           "way. Nothing was run.")

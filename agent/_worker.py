@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
-import hashlib
+import mmap
 import os
 import queue
 import signal
@@ -173,19 +173,35 @@ def _failed(exc: BaseException, phase: str, process_id: int, job_dir: str) -> di
             "exception": {**info, "pickled": info["pickled"].hex()}}
 
 
-def _load(header: dict, blob: bytes) -> bytearray:
-    """The call's payload: inline, or read from the file the header names."""
+def _load(header: dict, blob: bytes) -> bytearray | mmap.mmap:
+    """The call's payload: inline, or the file the header names, mapped
+    copy-on-write (arrays unpickled from it use the page cache's pages, no
+    copy, and stay writable)."""
     if not header.get("payload_path"):
         return bytearray(blob)
     with open(header["payload_path"], "rb") as f:
-        data = bytearray(os.fstat(f.fileno()).st_size)
-        f.readinto(data)
-    return data
+        size = os.fstat(f.fileno()).st_size
+        if size < wire.INLINE_BYTES:
+            data = bytearray(size)
+            f.readinto(data)
+            return data
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+
+
+def _map_blobs(header: dict) -> list[mmap.mmap]:
+    """The call's large buffers, from the agent's argument cache, mapped
+    copy-on-write (the agent checked each against its digest as it arrived)."""
+    maps = []
+    for path in header.get("blobs", ()):
+        with open(path, "rb") as f:
+            maps.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))
+    return maps
 
 
 def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
     """One call: load the function, call it, keep process 0's value. Returns
     the outcome for the agent, and the pickled value when it goes inline."""
+    from remote_tpu._core import digests
     from remote_tpu._core import serialization as _serialization
 
     outcome: dict = {"state": "succeeded"}
@@ -193,21 +209,19 @@ def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
     phase = "loading the function and its arguments"
     try:
         data = _load(header, blob)
-        if hashlib.sha256(data).hexdigest() != header.get("sha256"):
+        if digests.of(data).hex() != header.get("digest"):
             raise _serialization.SerializationError(
                 "the payload on this host does not match the digest the client sent; "
                 "nothing was unpickled")
-        fn, args, kwargs = _serialization.loads(data, what="function and arguments")
+        fn, args, kwargs = _serialization.loads(data, what="function and arguments",
+                                                external=_map_blobs(header))
         del data
         phase = "running the function"
         value = fn(*args, **kwargs)
         if process_id == 0:
             phase = "pickling the return value"
             payload = _serialization.dumps(value, what="the return value")
-            digest = hashlib.sha256()
-            for part in payload.parts:
-                digest.update(part)
-            outcome["result_sha256"] = digest.hexdigest()
+            outcome["result_digest"] = payload.digest().hex()
             if payload.nbytes <= wire.INLINE_BYTES:
                 result = payload.to_bytes()
             else:

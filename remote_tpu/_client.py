@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from . import _blobs as blobs
 from ._core.limits import INLINE_BYTES
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
@@ -58,6 +59,17 @@ def _requests(spec: pb.JobSpec, payload: Payload) -> Iterator[pb.RunRequest]:
         yield pb.RunRequest(payload_chunk=chunk)
 
 
+def _with_blobs(target: Target, payload: Payload) -> tuple[Payload, list[pb.BlobRef]]:
+    """``payload`` and its large buffers' references, once the gateway holds
+    them (``_blobs``); or the payload with its buffers inside, where it cannot."""
+    if not payload.blobs:
+        return payload, []
+    refs = blobs.send(target, payload)
+    if refs is None:
+        return payload.inline(), []
+    return payload, refs
+
+
 def _target(options: RunOptions) -> Target:
     return resolve_target(options.hosts, topology=options.topology, token=options.token,
                           tls=options.tls)
@@ -75,7 +87,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) ->
                                     heartbeat_seconds=jt.heartbeat,
                                     shutdown_seconds=jt.shutdown),
         payload_size=payload.nbytes, devices_per_host=topology.devices_per_host,
-        payload_sha256=payload.sha256(), processes_per_host=options.processes_per_host,
+        payload_digest=payload.digest(), processes_per_host=options.processes_per_host,
         keep_warm_seconds=options.keep_warm, client_id=client_id(),
         skip_jax_init=not options.init_jax,
     )
@@ -85,7 +97,9 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
     """Run attached: output shown live, the value returned; the job is cancelled
     on every host if this call is interrupted or this process goes away."""
     target = _target(options)
+    payload, refs = _with_blobs(target, payload)
     spec = _spec(options, payload, job_id, target)
+    spec.blobs.extend(refs)
     if options.keep_warm and not target.local:
         _release_at_exit(target)
     stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
@@ -156,7 +170,9 @@ def submit(options: RunOptions, payload: Payload, job_id: str) -> JobHandle:
     """Queue the job and return its handle at once; retried on transient faults
     only, which cannot start it twice (the agent knows the job id)."""
     target = _target(options)
+    payload, refs = _with_blobs(target, payload)
     spec = _spec(options, payload, job_id, target)
+    spec.blobs.extend(refs)
     deadline = upload_deadline(payload.nbytes)
     target.call(lambda t: t.stub().Submit(_requests(spec, payload),
                                           metadata=t.credentials.metadata, timeout=deadline),

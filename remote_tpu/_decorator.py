@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from ._core.auth import TLS
+from ._core.serialization import Payload
 from ._core.exceptions import ConfigurationError
 from ._jobs import JobHandle
 from ._options import JaxTimeouts, RunOptions, resolve
@@ -31,19 +32,27 @@ class RemoteFunction(Generic[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         from ._client import call, new_job_id
-        from ._core.serialization import dumps_call
 
-        payload = dumps_call(self._fn, args, kwargs)   # fails here, before sending
+        payload = self._payload(args, kwargs)          # fails here, before sending
         return call(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
 
     def submit(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
         """Start the job and return its handle at once; it keeps running when
         this process ends (except on a local slice, which ends with it)."""
         from ._client import new_job_id, submit
+
+        payload = self._payload(args, kwargs)
+        return submit(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
+
+    def _payload(self, args: tuple, kwargs: dict) -> Payload:
+        """The pickled call, its large buffers apart (``_blobs``); ``inline()``
+        pickles it again with them inside, for a slice that cannot cache them."""
+        from ._blobs import BLOB_MIN
         from ._core.serialization import dumps_call
 
-        payload = dumps_call(self._fn, args, kwargs)
-        return submit(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
+        payload = dumps_call(self._fn, args, kwargs, blob_min=BLOB_MIN)
+        payload.inline = lambda: dumps_call(self._fn, args, kwargs)
+        return payload
 
     def release(self) -> bool:
         """End this function's slice's warm workers now (``keep_warm``); whether

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
+from ._core import digests
 from ._core.channels import error_from_rpc
 from ._core.exceptions import (AgentUnavailableError, JobFailedError, JobTimeoutError,
                                RemoteError, RemoteTraceback, SerializationError)
@@ -128,15 +128,15 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
         print(f"remote_tpu: {notice}", file=sys.stderr, flush=True)
     raise_for_end(end, accelerator=accelerator, job_id=job_id)
     data = bytearray(sum(len(c) for c in chunks))
-    digest = hashlib.sha256()
+    digest = digests.new()
     pos = 0
     for c in chunks:
         data[pos:pos + len(c)] = c
         digest.update(c)
         pos += len(c)
     chunks.clear()
-    if digest.digest() != end.result_sha256:
+    if digest.digest() != end.result_digest:
         raise SerializationError(f"the return value of job {job_id} arrived corrupted (its "
-                                 "SHA-256 does not match the gateway's); nothing was "
+                                 f"{digests.NAME} digest does not match the gateway's); nothing was "
                                  "unpickled. Call again.")
     return loads(data, what="return value")

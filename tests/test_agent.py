@@ -31,7 +31,7 @@ def two_agents():
 
 def _spec(**overrides) -> pb.JobSpec:
     spec = pb.JobSpec(client_versions=versions_pb(), job_id="probe",
-                      accelerator="tpu-v5litepod-4", payload_sha256=bytes(32),
+                      accelerator="tpu-v5litepod-4", payload_digest=bytes(16),
                       stream=pb.STREAM_MODE_LEADER,
                       role=pb.ROLE_GATEWAY)
     for key, value in overrides.items():

@@ -237,7 +237,7 @@ def test_a_job_id_with_a_trailing_newline_is_refused(lone):
     from remote_tpu._core.versions import versions_pb
     spec = pb.JobSpec(client_versions=versions_pb(), job_id="job\n", accelerator="tpu-v5litepod-4",
                       num_hosts=1, role=pb.ROLE_GATEWAY, payload_size=0,
-                      payload_sha256=b"\0" * 32, stream=pb.STREAM_MODE_LEADER)
+                      payload_digest=b"\0" * 16, stream=pb.STREAM_MODE_LEADER)
     with pytest.raises(grpc.RpcError) as info:
         stub.Submit(iter([pb.RunRequest(spec=spec)]), metadata=metadata, timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

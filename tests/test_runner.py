@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _run_with_control_pipe(tmp_path) -> tuple[WorkerRun, int, int]:
     r, w = os.pipe()
-    run = WorkerRun(host=0, call=Call(job_dir=str(tmp_path), env={}, payload=b"", sha256=""),
+    run = WorkerRun(host=0, call=Call(job_dir=str(tmp_path), env={}, payload=b"", digest=""),
                     emit=lambda event: None, forward_output=False)
     run.proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     run._control_w = w          # as start() leaves it, without a real worker

@@ -3,7 +3,6 @@ or broken input never takes an agent down. Real agents, real TLS, real gRPC."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import stat
@@ -22,6 +21,7 @@ import remote_tpu
 from certs import CA
 from conftest import Agents, free_port, terminate_all
 from remote_tpu._core.auth import TOKEN_METADATA_KEY, new_token
+from remote_tpu._core import digests
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._core.channels import Credentials, error_from_rpc, health, shared_channel
@@ -386,7 +386,7 @@ def _spec(payload: bytes, **fields) -> pb.JobSpec:
     spec = pb.JobSpec(client_versions=versions_pb(), job_id=f"raw-{time.monotonic_ns()}",
                       accelerator="tpu-v5litepod-4", role=pb.ROLE_GATEWAY,
                       stream=pb.STREAM_MODE_LEADER, payload_size=len(payload),
-                      payload_sha256=hashlib.sha256(payload).digest())
+                      payload_digest=digests.of(payload))
     for k, v in fields.items():
         setattr(spec, k, v)
     return spec
@@ -422,8 +422,8 @@ def test_wrong_digest_truncated_and_oversize_payloads_are_refused(lone_agent, tm
     address, token = lone_agent.addresses[0], lone_agent.token
     payload = b"x" * 1000
     cases = [
-        ([pb.RunRequest(spec=_spec(payload, payload_sha256=bytes(32))),
-          pb.RunRequest(payload_chunk=payload)], "does not match its SHA-256"),
+        ([pb.RunRequest(spec=_spec(payload, payload_digest=bytes(16))),
+          pb.RunRequest(payload_chunk=payload)], "does not match its xxh3-128 digest"),
         ([pb.RunRequest(spec=_spec(payload)), pb.RunRequest(payload_chunk=payload[:10])],
          "payload truncated: got 10 of 1000 bytes"),
         ([pb.RunRequest(spec=_spec(payload)), pb.RunRequest(payload_chunk=payload * 2)],
@@ -433,7 +433,7 @@ def test_wrong_digest_truncated_and_oversize_payloads_are_refused(lone_agent, tm
         ([pb.RunRequest(spec=_spec(payload, stream=77))], "unknown stream mode 77"),
         ([pb.RunRequest(spec=_spec(payload, role=9))], "unknown role 9"),
         ([pb.RunRequest(payload_chunk=payload)], "must start with a JobSpec"),
-        ([pb.RunRequest(spec=_spec(payload, payload_sha256=b""))], "no SHA-256 digest"),
+        ([pb.RunRequest(spec=_spec(payload, payload_digest=b""))], "no xxh3-128 digest"),
     ]
     refused_ids = set()
     for requests, message in cases:

@@ -24,7 +24,7 @@ TPU_NAMES = ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_B
 
 def _spec(accelerator: str, per_host: int, ips: list[str], **kw) -> pb.JobSpec:
     return pb.JobSpec(job_id="job-1", accelerator=accelerator, num_hosts=len(ips),
-                      processes_per_host=per_host, payload_sha256=bytes(32),
+                      processes_per_host=per_host, payload_digest=bytes(16),
                       hosts=[f"{ip}:8475" for ip in ips], **kw)
 
 

@@ -18,7 +18,6 @@ distribution) are pickled by value, so the hosts need not have them.
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import io
 import json
@@ -30,11 +29,12 @@ import sys
 import sysconfig
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import cloudpickle
 
+from . import digests
 from .exceptions import SerializationError
 from .limits import CHUNK_SIZE
 from .versions import check_compatible, local_versions
@@ -46,11 +46,25 @@ _by_value_lock = threading.Lock()
 
 
 class Payload:
-    """A pickled envelope as a list of parts, sent without joining them."""
+    """A pickled envelope as a list of parts, sent without joining them; and
+    its large buffers that travel apart (``blobs``, in order: see
+    ``dumps_call``'s ``blob_min``), each named by its content digest."""
 
-    def __init__(self, parts: list[memoryview]) -> None:
+    def __init__(self, parts: list[memoryview], blobs: list[memoryview] | None = None) -> None:
         self.parts = parts
         self.nbytes = sum(p.nbytes for p in parts)
+        self.blobs = blobs or []
+        # The same call pickled with its buffers inside (set by whoever made it).
+        self.inline: Callable[[], Payload] = self._no_inline
+
+    def _no_inline(self) -> Payload:
+        if self.blobs:
+            raise SerializationError("this payload's large buffers were left apart and it "
+                                     "cannot be pickled again with them inside")
+        return self
+
+    def blob_digests(self) -> list[bytes]:
+        return [digests.of(blob) for blob in self.blobs]
 
     def chunks(self, size: int = CHUNK_SIZE) -> Iterator[bytes]:
         """Yield the envelope as bytes of at most ``size``, in order."""
@@ -61,8 +75,9 @@ class Payload:
     def to_bytes(self) -> bytes:
         return b"".join(p.tobytes() for p in self.parts)
 
-    def sha256(self) -> bytes:
-        digest = hashlib.sha256()
+    def digest(self) -> bytes:
+        """Its content digest (``digests``), computed over the parts in place."""
+        digest = digests.new()
         for part in self.parts:
             digest.update(part)
         return digest.digest()
@@ -71,9 +86,12 @@ class Payload:
 # --------------------------------------------------------------------------- dump
 
 
-def _envelope(kind: str, pickled: bytes, buffers: list[pickle.PickleBuffer]) -> Payload:
-    header = json.dumps({"kind": kind, "versions": local_versions()}).encode()
+def _envelope(kind: str, pickled: bytes, buffers: list[pickle.PickleBuffer],
+              blob_min: int | None = None) -> Payload:
     raws = [b.raw() for b in buffers]
+    external = [i for i, r in enumerate(raws) if blob_min is not None and r.nbytes >= blob_min]
+    header = json.dumps({"kind": kind, "versions": local_versions(),
+                         **({"external": external} if external else {})}).encode()
     prefix = b"".join([
         MAGIC,
         struct.pack("<I", len(header)), header,
@@ -81,7 +99,10 @@ def _envelope(kind: str, pickled: bytes, buffers: list[pickle.PickleBuffer]) -> 
         struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws)),
         struct.pack("<Q", len(pickled)),
     ])
-    return Payload([memoryview(prefix), memoryview(pickled), *raws])
+    apart = set(external)
+    return Payload([memoryview(prefix), memoryview(pickled),
+                    *(r for i, r in enumerate(raws) if i not in apart)],
+                   [raws[i] for i in external])
 
 
 def _pickle(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
@@ -107,9 +128,11 @@ def dumps(obj: Any, *, what: str = "value", kind: str = "value") -> Payload:
     return _envelope(kind, data, buffers)
 
 
-def dumps_call(fn: Any, args: tuple, kwargs: dict) -> Payload:
+def dumps_call(fn: Any, args: tuple, kwargs: dict, blob_min: int | None = None) -> Payload:
     """Pickle a call. Arguments that do not fit the signature raise TypeError
-    here, as a local call would; unpicklable parts are named."""
+    here, as a local call would; unpicklable parts are named. With
+    ``blob_min``, buffers of that size and more (a large array's data) are
+    left out of the envelope, as its ``blobs``: ``loads`` then needs them."""
     try:
         bound = inspect.signature(fn).bind(*args, **kwargs)
     except TypeError as exc:
@@ -122,7 +145,7 @@ def dumps_call(fn: Any, args: tuple, kwargs: dict) -> Payload:
             data, buffers = _pickle(call)
         except Exception as exc:  # noqa: BLE001
             raise _call_error(fn, bound, args, kwargs, exc) from exc
-    return _envelope("call", data, buffers)
+    return _envelope("call", data, buffers, blob_min)
 
 
 def _name(fn: Any) -> str:
@@ -132,8 +155,10 @@ def _name(fn: Any) -> str:
 # --------------------------------------------------------------------------- load
 
 
-def split(data: bytes | bytearray | memoryview) -> tuple[dict, memoryview, list[memoryview]]:
-    """Parse an envelope without unpickling: (header, pickle stream, buffers)."""
+def split(data: bytes | bytearray | memoryview, external: Sequence[Any] = ()
+          ) -> tuple[dict, memoryview, list[memoryview]]:
+    """Parse an envelope without unpickling: (header, pickle stream, buffers);
+    the buffers sent apart are taken from ``external``, in order."""
     view = memoryview(data)
     try:
         if view[:4].tobytes() != MAGIC:
@@ -149,8 +174,19 @@ def split(data: bytes | bytearray | memoryview) -> tuple[dict, memoryview, list[
         pos += 8
         stream = view[pos:pos + plen]
         pos += plen
+        apart = set(header.get("external", ()))
+        if len(apart) != len(external):
+            raise ValueError(f"{len(apart)} buffer(s) sent apart, {len(external)} given")
+        given = iter(external)
         buffers = []
-        for size in sizes:
+        for i, size in enumerate(sizes):
+            if i in apart:
+                buffer = memoryview(next(given))
+                if buffer.nbytes != size:
+                    raise ValueError(f"buffer {i} sent apart has {buffer.nbytes} bytes, "
+                                     f"not {size}")
+                buffers.append(buffer)
+                continue
             buffers.append(view[pos:pos + size])
             pos += size
         if pos != view.nbytes or stream.nbytes != plen:
@@ -162,9 +198,11 @@ def split(data: bytes | bytearray | memoryview) -> tuple[dict, memoryview, list[
     return header, stream, buffers
 
 
-def loads(data: bytes | bytearray | memoryview, *, what: str = "value") -> Any:
-    """Unpickle an envelope made by :func:`dumps` or :func:`dumps_call`."""
-    header, stream, buffers = split(data)
+def loads(data: bytes | bytearray | memoryview, *, what: str = "value",
+          external: Sequence[Any] = ()) -> Any:
+    """Unpickle an envelope made by :func:`dumps` or :func:`dumps_call` (with
+    the buffers it sent apart, in order)."""
+    header, stream, buffers = split(data, external)
     check_compatible(header.get("versions", {}), sender=f"the sender of this {what}")
     try:
         return pickle.loads(stream, buffers=buffers)

@@ -102,6 +102,48 @@ JOB_STATE_TIMED_OUT: JobState
 JOB_STATE_LOST: JobState
 JOB_STATE_PREEMPTED: JobState
 
+class BlobRef(_message.Message):
+    __slots__ = ("digest", "size")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    digest: bytes
+    size: int
+    def __init__(self, digest: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
+
+class BlobQuery(_message.Message):
+    __slots__ = ("blobs",)
+    BLOBS_FIELD_NUMBER: _ClassVar[int]
+    blobs: _containers.RepeatedCompositeFieldContainer[BlobRef]
+    def __init__(self, blobs: _Optional[_Iterable[_Union[BlobRef, _Mapping]]] = ...) -> None: ...
+
+class BlobPresence(_message.Message):
+    __slots__ = ("present", "capacity")
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    present: _containers.RepeatedScalarFieldContainer[bool]
+    capacity: int
+    def __init__(self, present: _Optional[_Iterable[bool]] = ..., capacity: _Optional[int] = ...) -> None: ...
+
+class BlobChunk(_message.Message):
+    __slots__ = ("blob", "forward_to", "data", "to_slice")
+    BLOB_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_TO_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TO_SLICE_FIELD_NUMBER: _ClassVar[int]
+    blob: BlobRef
+    forward_to: _containers.RepeatedScalarFieldContainer[str]
+    data: bytes
+    to_slice: bool
+    def __init__(self, blob: _Optional[_Union[BlobRef, _Mapping]] = ..., forward_to: _Optional[_Iterable[str]] = ..., data: _Optional[bytes] = ..., to_slice: _Optional[bool] = ...) -> None: ...
+
+class BlobStored(_message.Message):
+    __slots__ = ("refused", "onward_failed")
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    ONWARD_FAILED_FIELD_NUMBER: _ClassVar[int]
+    refused: str
+    onward_failed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, refused: _Optional[str] = ..., onward_failed: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class ReleaseRequest(_message.Message):
     __slots__ = ("client_id",)
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -265,7 +307,7 @@ class JaxTimeouts(_message.Message):
     def __init__(self, initialization_seconds: _Optional[int] = ..., heartbeat_seconds: _Optional[int] = ..., shutdown_seconds: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_sha256", "processes_per_host", "keep_warm_seconds", "client_id", "payload", "skip_jax_init")
+    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_digest", "processes_per_host", "keep_warm_seconds", "client_id", "payload", "skip_jax_init", "blobs")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -287,12 +329,13 @@ class JobSpec(_message.Message):
     JAX_TIMEOUTS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_SIZE_FIELD_NUMBER: _ClassVar[int]
     DEVICES_PER_HOST_FIELD_NUMBER: _ClassVar[int]
-    PAYLOAD_SHA256_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_DIGEST_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_PER_HOST_FIELD_NUMBER: _ClassVar[int]
     KEEP_WARM_SECONDS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     SKIP_JAX_INIT_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_FIELD_NUMBER: _ClassVar[int]
     client_versions: Versions
     job_id: str
     accelerator: str
@@ -307,13 +350,14 @@ class JobSpec(_message.Message):
     jax_timeouts: JaxTimeouts
     payload_size: int
     devices_per_host: int
-    payload_sha256: bytes
+    payload_digest: bytes
     processes_per_host: int
     keep_warm_seconds: float
     client_id: str
     payload: bytes
     skip_jax_init: bool
-    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_sha256: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., skip_jax_init: _Optional[bool] = ...) -> None: ...
+    blobs: _containers.RepeatedCompositeFieldContainer[BlobRef]
+    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_digest: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., skip_jax_init: _Optional[bool] = ..., blobs: _Optional[_Iterable[_Union[BlobRef, _Mapping]]] = ...) -> None: ...
 
 class RunRequest(_message.Message):
     __slots__ = ("spec", "payload_chunk", "control", "next_call")
@@ -378,20 +422,20 @@ class HostReport(_message.Message):
     def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ..., stacks: _Optional[str] = ..., preempted: _Optional[bool] = ..., warm: _Optional[bool] = ...) -> None: ...
 
 class JobEnd(_message.Message):
-    __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_sha256", "notices")
+    __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_digest", "notices")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROOT_CAUSE_HOST_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
-    RESULT_SHA256_FIELD_NUMBER: _ClassVar[int]
+    RESULT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     NOTICES_FIELD_NUMBER: _ClassVar[int]
     state: JobState
     root_cause_host: int
     hosts: _containers.RepeatedCompositeFieldContainer[HostReport]
     detail: str
-    result_sha256: bytes
+    result_digest: bytes
     notices: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., root_cause_host: _Optional[int] = ..., hosts: _Optional[_Iterable[_Union[HostReport, _Mapping]]] = ..., detail: _Optional[str] = ..., result_sha256: _Optional[bytes] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., root_cause_host: _Optional[int] = ..., hosts: _Optional[_Iterable[_Union[HostReport, _Mapping]]] = ..., detail: _Optional[str] = ..., result_digest: _Optional[bytes] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Started(_message.Message):
     __slots__ = ("job_id", "pid", "coordinator_address")

@@ -91,6 +91,16 @@ class AgentStub:
                 request_serializer=remote__tpu__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=remote__tpu__pb2.ReleaseReply.FromString,
                 _registered_method=True)
+        self.HaveBlobs = channel.unary_unary(
+                '/remote_tpu.v1.Agent/HaveBlobs',
+                request_serializer=remote__tpu__pb2.BlobQuery.SerializeToString,
+                response_deserializer=remote__tpu__pb2.BlobPresence.FromString,
+                _registered_method=True)
+        self.PutBlob = channel.stream_unary(
+                '/remote_tpu.v1.Agent/PutBlob',
+                request_serializer=remote__tpu__pb2.BlobChunk.SerializeToString,
+                response_deserializer=remote__tpu__pb2.BlobStored.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -178,6 +188,23 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HaveBlobs(self, request, context):
+        """Which of these arguments (large buffers, by content digest) this agent
+        holds in its cache. Never starts anything.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutBlob(self, request_iterator, context):
+        """Store one argument buffer in this agent's cache: BlobChunk with `blob`
+        (and `forward_to`) first, then its bytes. Each chunk is passed on to the
+        agents in `forward_to` as it arrives (a tree: see BlobChunk).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -235,6 +262,16 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=remote__tpu__pb2.ReleaseRequest.FromString,
                     response_serializer=remote__tpu__pb2.ReleaseReply.SerializeToString,
+            ),
+            'HaveBlobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.HaveBlobs,
+                    request_deserializer=remote__tpu__pb2.BlobQuery.FromString,
+                    response_serializer=remote__tpu__pb2.BlobPresence.SerializeToString,
+            ),
+            'PutBlob': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutBlob,
+                    request_deserializer=remote__tpu__pb2.BlobChunk.FromString,
+                    response_serializer=remote__tpu__pb2.BlobStored.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -536,6 +573,60 @@ class Agent:
             '/remote_tpu.v1.Agent/Release',
             remote__tpu__pb2.ReleaseRequest.SerializeToString,
             remote__tpu__pb2.ReleaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HaveBlobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/HaveBlobs',
+            remote__tpu__pb2.BlobQuery.SerializeToString,
+            remote__tpu__pb2.BlobPresence.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutBlob(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/remote_tpu.v1.Agent/PutBlob',
+            remote__tpu__pb2.BlobChunk.SerializeToString,
+            remote__tpu__pb2.BlobStored.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,55 @@
+"""A call's large buffers, sent apart and only when the slice lacks them.
+
+A buffer of ``BLOB_MIN`` bytes or more (a big array's data) leaves the
+payload: the gateway is asked which of them its argument cache holds
+(``HaveBlobs``), the others are sent (``PutBlob``, each passed on by the agents
+to the whole slice as it arrives), and the job spec names them all by content
+digest. Calling ``train(dataset)`` twice with the same array sends it once.
+Where the gateway keeps no cache (``--cache-bytes 0``), or cannot take a
+buffer now, the call carries its buffers in its payload, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ._core import digests
+from ._core.limits import CHUNK_SIZE
+from ._core.proto import remote_tpu_pb2 as pb
+from ._core.serialization import Payload
+from ._target import Target, upload_deadline
+
+BLOB_MIN = 1 << 20       # the same as an inline payload's limit: smaller ones travel in it
+
+
+def _chunks(ref: pb.BlobRef, blob: memoryview, target: Target) -> Iterator[pb.BlobChunk]:
+    forward = list(target.hosts[1:])
+    yield pb.BlobChunk(blob=ref, forward_to=forward, to_slice=not forward)
+    view = blob.cast("B") if blob.ndim != 1 or blob.format != "B" else blob
+    for start in range(0, view.nbytes, CHUNK_SIZE):
+        yield pb.BlobChunk(data=view[start:start + CHUNK_SIZE].tobytes())
+
+
+def send(target: Target, payload: Payload) -> list[pb.BlobRef] | None:
+    """Make sure the gateway holds every buffer ``payload`` left apart: their
+    references for the job spec; None when they must travel in the payload
+    instead (no cache there, or it cannot take them now)."""
+    refs = [pb.BlobRef(digest=d, size=b.nbytes)
+            for d, b in zip(payload.blob_digests(), payload.blobs)]
+    reply = target.call(lambda t: t.stub().HaveBlobs(
+        pb.BlobQuery(blobs=refs), timeout=60, metadata=t.credentials.metadata), retry=True)
+    if any(ref.size > reply.capacity for ref in refs):
+        return None
+    sent: set[bytes] = set()
+    for ref, blob, present in zip(refs, payload.blobs, reply.present):
+        if present or ref.digest in sent:
+            continue
+        stored = target.call(lambda t: t.stub().PutBlob(
+            _chunks(ref, blob, t), timeout=upload_deadline(ref.size),
+            metadata=t.credentials.metadata), retry=True)
+        if stored.refused:
+            return None
+        sent.add(ref.digest)
+        # A peer that could not take it (stored.onward_failed) is sent it again
+        # by the gateway as the job starts, or the job fails naming that host.
+    return refs

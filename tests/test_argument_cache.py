@@ -1,0 +1,194 @@
+"""The argument cache: a call's large buffers travel apart, are passed on to
+every host as they arrive, are sent once for calls that repeat them, arrive
+intact at every size boundary, and a host that cannot get them is named."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import remote_tpu
+from conftest import Agents, on_agents, wait_until
+from remote_tpu import _blobs
+from remote_tpu._core.exceptions import JobFailedError
+from remote_tpu._core.limits import CHUNK_SIZE
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    agents = Agents(2, devices=2, extra=["--spare-workers", "0"])
+    yield agents
+    agents.stop()
+
+
+@pytest.fixture
+def sends(monkeypatch):
+    """How many buffers this client sends (PutBlob calls), counted."""
+    count = []
+    real = _blobs._chunks
+
+    def counted(ref, blob, target):
+        count.append(ref.size)
+        return real(ref, blob, target)
+    monkeypatch.setattr(_blobs, "_chunks", counted)
+    return count
+
+
+def _checksums(array: np.ndarray) -> tuple[int, int]:
+    return int(array.nbytes), int(array.astype(np.uint64).sum()) if array.size else 0
+
+
+def _everywhere(agents, **kw):
+    """A function that checks its argument on every host (failing the job on
+    any host where it arrived changed) and returns what it saw."""
+    @on_agents(agents, accelerator="tpu-v4-16", stream="none", **kw)
+    def check(array, expected):
+        seen = (int(array.nbytes), int(array.astype("uint64").sum()) if array.size else 0)
+        if seen != expected:
+            raise AssertionError(f"arrived as {seen}, expected {expected}")
+        array[:1] = 0          # writable, like any argument
+        return seen
+    return check
+
+
+def _blob_files(agents, i: int) -> list[str]:
+    return glob.glob(os.path.join(agents.state_dirs[i], "blobs", "[0-9a-f]*"))
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, _blobs.BLOB_MIN - 1, _blobs.BLOB_MIN,
+                                    _blobs.BLOB_MIN + 1, 2 * CHUNK_SIZE, 3 * CHUNK_SIZE + 7])
+def test_every_size_arrives_intact_on_every_host(pair, sends, nbytes):
+    array = np.random.default_rng(nbytes).integers(0, 255, nbytes, dtype=np.uint8)
+    expected = _checksums(array)
+    assert _everywhere(pair)(array, expected) == expected
+    assert len(sends) == (1 if nbytes >= _blobs.BLOB_MIN else 0)
+
+
+def test_a_repeated_argument_is_sent_once_and_reaches_every_host(pair, sends):
+    array = np.arange(3 << 18, dtype=np.uint32)             # 3 MiB
+    expected = _checksums(array)
+    check = _everywhere(pair)
+    assert check(array, expected) == expected
+    assert len(sends) == 1
+    assert all(len(_blob_files(pair, i)) >= 1 for i in range(2))   # passed on to the peer
+    assert check(array, expected) == expected
+    assert check(array, expected) == expected
+    assert len(sends) == 1                                   # not sent again
+    twice = check.submit(array, expected)                    # submit uses it too
+    assert twice.result(timeout=120) == expected and len(sends) == 1
+
+
+def test_the_same_buffer_twice_in_one_call_is_sent_once(pair, sends):
+    array = np.ones(2 << 20, dtype=np.uint8) * 3
+
+    @on_agents(pair, accelerator="tpu-v4-16", stream="none")
+    def both(a, b):
+        return int(a.sum() + b.sum())
+
+    assert both(array, array.copy()) == 2 * int(array.sum())
+    assert len(sends) == 1
+
+
+def test_an_evicted_buffer_is_sent_again(sends):
+    agents = Agents(2, devices=2, extra=["--spare-workers", "0", "--cache-bytes",
+                                         str(5 << 20)])
+    try:
+        check = _everywhere(agents)
+        a = np.full(3 << 20, 1, dtype=np.uint8)
+        b = np.full(3 << 20, 2, dtype=np.uint8)
+        for array in (a, b, a):                  # b pushes a out (5 MiB hold one)
+            assert check(array, _checksums(array)) == _checksums(array)
+        assert len(sends) == 3
+        assert all(len(_blob_files(agents, i)) == 1 for i in range(2))
+    finally:
+        agents.stop()
+
+
+def test_without_a_cache_the_buffers_travel_in_the_payload(sends):
+    agents = Agents(2, devices=2, extra=["--spare-workers", "0", "--cache-bytes", "0"])
+    try:
+        array = np.full(2 << 20, 5, dtype=np.uint8)
+        assert _everywhere(agents)(array, _checksums(array)) == _checksums(array)
+        assert sends == [] and not _blob_files(agents, 0)
+    finally:
+        agents.stop()
+
+
+def test_two_processes_per_host_share_one_copy(sends):
+    agents = Agents(2, devices=4, extra=["--spare-workers", "0"])
+    try:
+        array = np.arange(1 << 20, dtype=np.uint16)
+        check = _everywhere(agents, processes_per_host=2)
+        assert check(array, _checksums(array)) == _checksums(array)
+        assert [len(_blob_files(agents, i)) for i in range(2)] == [1, 1]
+        assert len(sends) == 1
+    finally:
+        agents.stop()
+
+
+@pytest.mark.slow
+def test_a_peer_dying_mid_upload_fails_the_job_naming_it(sends):
+    agents = Agents(2, devices=2, extra=["--spare-workers", "0"])
+    try:
+        peer_blobs = os.path.join(agents.state_dirs[1], "blobs")
+
+        def kill_when_receiving():
+            if wait_until(lambda: glob.glob(os.path.join(peer_blobs, ".incoming-*")),
+                          timeout=60, interval=0.005):
+                agents.procs[1].send_signal(signal.SIGKILL)
+        killer = threading.Thread(target=kill_when_receiving)
+        killer.start()
+        array = np.full(256 << 20, 9, dtype=np.uint8)
+        with pytest.raises(JobFailedError) as failed:
+            _everywhere(agents)(array, _checksums(array))
+        killer.join()
+        text = str(failed.value)
+        assert "host 1" in text and agents.addresses[1] in text, text
+    finally:
+        agents.stop()
+
+
+@pytest.mark.slow
+def test_256_mib_reaches_4_hosts_intact(sends):
+    agents = Agents(4, devices=4, extra=["--spare-workers", "0"])
+    try:
+        array = np.random.default_rng(7).integers(0, 255, 256 << 20, dtype=np.uint8)
+        check = remote_tpu.run(accelerator="tpu-v4-32", hosts=agents.addresses,
+                               token=agents.token, stream="none")(_everywhere_body)
+        assert check(array, _checksums(array)) == _checksums(array)
+        assert len(sends) == 1
+        assert all(len(_blob_files(agents, i)) == 1 for i in range(4))
+    finally:
+        agents.stop()
+
+
+def _everywhere_body(array, expected):
+    seen = (int(array.nbytes), int(array.astype("uint64").sum()))
+    if seen != expected:
+        raise AssertionError(f"arrived as {seen}, expected {expected}")
+    return seen
+
+
+def test_warm_calls_take_their_buffers_from_the_cache(pair, sends):
+    @on_agents(pair, accelerator="tpu-v4-16", stream="none", keep_warm=60)
+    def step(array):
+        import remote_tpu
+        remote_tpu.state["calls"] = remote_tpu.state.get("calls", 0) + 1
+        return int(array.astype("uint64").sum()), remote_tpu.state["calls"]
+
+    a = np.ones(2 << 20, dtype=np.uint8)
+    b = a * 2
+    try:
+        assert step(a) == (2 << 20, 1)
+        assert step(b) == (4 << 20, 2)
+        assert step(a) == (2 << 20, 3)        # the same workers, a from the cache
+    finally:
+        step.release()
+    assert len(sends) == 2
