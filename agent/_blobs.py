@@ -9,9 +9,11 @@ no agent waits for a whole buffer before passing it on, and the gateway sends
 each byte at most ``FAN_OUT`` times whatever the number of hosts. A notebook
 that calls ``train(dataset)`` twice uploads the dataset once.
 
-Each agent keeps its buffers in ``state_dir/blobs`` (emptied when the agent
-starts: the cache does not survive a restart), up to ``max_bytes``, least
-recently used out first. A buffer a queued or running job needs is pinned and
+Each agent keeps its buffers in memory (``/dev/shm``, where there is one: written
+to a disk, a few GiB of buffers waited on its write-back, and the cache need not
+outlive the agent), else in ``state_dir/blobs``; ``--cache-dir`` chooses. It is
+emptied when the agent starts and removed when it stops; it holds up to
+``max_bytes``, least recently used out first. A buffer a queued or running job needs is pinned and
 never evicted; when pinned buffers alone fill the cache a new one is refused,
 saying so. A worker maps its job's buffers from here (copy-on-write: the
 arrays unpickled from them use the page cache's pages, and stay writable).
@@ -47,9 +49,18 @@ class CacheFull(Exception):
     """The cache cannot take a buffer (pinned buffers fill it, or the disk is full)."""
 
 
+def default_dir(state_dir: str) -> str:
+    """In memory when this host has a writable ``/dev/shm``, named after the
+    state directory (an agent started again with it empties it)."""
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        tag = digests.of(os.path.realpath(state_dir).encode()).hex()[:16]
+        return os.path.join("/dev/shm", f"remote-tpu-cache-{os.getuid()}-{tag}")
+    return os.path.join(state_dir, "blobs")
+
+
 class BlobCache:
-    def __init__(self, state_dir: str, max_bytes: int) -> None:
-        self.dir = os.path.join(state_dir, "blobs")
+    def __init__(self, directory: str, max_bytes: int) -> None:
+        self.dir = directory
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         self.max_bytes = max_bytes
@@ -57,6 +68,10 @@ class BlobCache:
         self._sizes: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # LRU
         self._pins: collections.Counter[bytes] = collections.Counter()
         self._bytes = 0
+
+    def close(self) -> None:
+        """The agent stops: the cache (memory, in /dev/shm) goes with it."""
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def path(self, digest: bytes) -> str:
         return os.path.join(self.dir, digest.hex())

@@ -108,7 +108,10 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-bytes", type=int, default=8 << 30,
                    help="the argument cache: large buffers of earlier calls kept for the "
                         "next, by content, least recently used out first; 0 = none "
-                        "(default 8 GiB; emptied when the agent starts)")
+                        "(default 8 GiB; emptied when the agent starts and stops)")
+    p.add_argument("--cache-dir", default="",
+                   help="where the argument cache lives (default: in memory, under "
+                        "/dev/shm, where this host has it; else in --state-dir)")
     p.add_argument("--spare-workers", type=int, default=1, choices=(0, 1),
                    help="workers kept started ahead of their job, jax imported (not "
                         "initialized: no TPU held), so a cold call skips that (default 1)")
@@ -321,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         pass_env=frozenset(n.strip() for n in args.pass_env.split(",") if n.strip()),
         max_payload_bytes=args.max_payload_bytes, max_streams=args.max_streams,
         max_log_bytes=args.max_log_bytes, max_store_bytes=args.max_store_bytes,
-        spare_workers=args.spare_workers, cache_bytes=args.cache_bytes)
+        spare_workers=args.spare_workers, cache_bytes=args.cache_bytes,
+        cache_dir=args.cache_dir)
     try:
         server, port, service = create_server(config)
     except ConfigurationError as exc:

@@ -40,6 +40,7 @@ class AgentConfig:
     max_store_bytes: int = DEFAULT_MAX_STORE_BYTES   # every finished job's files together
     spare_workers: int = 1              # started ahead of their job (see _spares)
     cache_bytes: int = 8 << 30          # the argument cache (see _blobs)
+    cache_dir: str = ""                 # "" = /dev/shm where there is one, else state_dir
 
     @property
     def peer_credentials(self) -> Credentials:

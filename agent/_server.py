@@ -37,7 +37,7 @@ from ._guard import TokenInterceptor
 from ._host import Host
 from ._job_views import JobViews, result, status_of, watch
 from ._peer import PeerRole
-from ._blobs import BlobCache
+from ._blobs import BlobCache, default_dir
 from ._reports import bound_stacks
 from ._requests import abort, checked_spec, gateway_redirect
 from ._slice_queries import SliceQueries
@@ -67,7 +67,8 @@ class AgentService(pb_grpc.AgentServicer):
         self._worker_base_env = passed_environment(os.environ, config.pass_env)
         self.spares = Spares(spare_env(self._worker_base_env, config.simulate_devices),
                              self.state_dir, config.spare_workers)
-        self.blobs = BlobCache(self.state_dir, config.cache_bytes)
+        self.blobs = BlobCache(config.cache_dir or default_dir(self.state_dir),
+                               config.cache_bytes)
         host = Host(store=self.store, uploads=uploads, blobs=self.blobs, tpu=self.tpu,
                     spares=self.spares,
                     endpoint=lambda: self.endpoint, env_for=self._env_for,
@@ -237,6 +238,7 @@ class AgentService(pb_grpc.AgentServicer):
             self.scheduler.shutdown(f"the gateway agent at {self.endpoint} is shutting down")
         self.peer.stop_all()
         self.spares.stop()
+        self.blobs.close()
         self.store.close()
 
 

@@ -31,6 +31,17 @@ _START_TIMEOUT = 60.0
 # A spare worker imports jax ahead of its job (~1 s of CPU and ~100 MB each):
 # worth it for a few simulated hosts, not for 64 on one machine.
 _SPARES_UP_TO_HOSTS = 8
+# All the simulated hosts' argument caches together (in memory) take at most
+# this share of the machine's memory.
+_CACHE_SHARE = 0.25
+
+
+def _cache_bytes(hosts: int) -> int:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return max(64 << 20, min(8 << 30, int(total * _CACHE_SHARE) // hosts))
 
 
 class LocalSlice:
@@ -52,7 +63,8 @@ class LocalSlice:
                  "--simulate-devices", str(self.devices_per_host),
                  "--state-dir", os.path.join(self.log_dir, f"state-{i}"),
                  "--exit-with-stdin", "--log-level", "WARNING",
-                 "--spare-workers", "1" if self.hosts <= _SPARES_UP_TO_HOSTS else "0"],
+                 "--spare-workers", "1" if self.hosts <= _SPARES_UP_TO_HOSTS else "0",
+                 "--cache-bytes", str(_cache_bytes(self.hosts))],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
                 start_new_session=True, env={**os.environ, TOKEN_ENV: self.credentials.token},
             ))

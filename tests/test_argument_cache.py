@@ -17,6 +17,7 @@ from conftest import Agents, on_agents, wait_until
 from remote_tpu import _blobs
 from remote_tpu._core.exceptions import JobFailedError
 from remote_tpu._core.limits import CHUNK_SIZE
+from remote_tpu_agent._blobs import default_dir
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -59,7 +60,7 @@ def _everywhere(agents, **kw):
 
 
 def _blob_files(agents, i: int) -> list[str]:
-    return glob.glob(os.path.join(agents.state_dirs[i], "blobs", "[0-9a-f]*"))
+    return glob.glob(os.path.join(default_dir(agents.state_dirs[i]), "[0-9a-f]*"))
 
 
 @pytest.mark.parametrize("nbytes", [0, 1, _blobs.BLOB_MIN - 1, _blobs.BLOB_MIN,
@@ -111,6 +112,21 @@ def test_an_evicted_buffer_is_sent_again(sends):
         agents.stop()
 
 
+def test_the_cache_is_in_memory_and_gone_with_its_agent():
+    agents = Agents(1, devices=2, peers=False, extra=["--spare-workers", "0"])
+    directory = default_dir(agents.state_dirs[0])
+    try:
+        if os.path.isdir("/dev/shm"):
+            assert directory.startswith("/dev/shm/")
+        array = np.full(2 << 20, 4, dtype=np.uint8)
+        assert on_agents(agents, accelerator="tpu-v4-8", stream="none")(
+            _everywhere_body)(array, _checksums(array)) == _checksums(array)
+        assert len(_blob_files(agents, 0)) == 1
+    finally:
+        agents.stop()
+    assert not os.path.exists(directory)
+
+
 def test_without_a_cache_the_buffers_travel_in_the_payload(sends):
     agents = Agents(2, devices=2, extra=["--spare-workers", "0", "--cache-bytes", "0"])
     try:
@@ -137,7 +153,7 @@ def test_two_processes_per_host_share_one_copy(sends):
 def test_a_peer_dying_mid_upload_fails_the_job_naming_it(sends):
     agents = Agents(2, devices=2, extra=["--spare-workers", "0"])
     try:
-        peer_blobs = os.path.join(agents.state_dirs[1], "blobs")
+        peer_blobs = default_dir(agents.state_dirs[1])
 
         def kill_when_receiving():
             if wait_until(lambda: glob.glob(os.path.join(peer_blobs, ".incoming-*")),
