@@ -36,7 +36,7 @@ import grpc
 
 from remote_tpu._core import digests
 from remote_tpu._core.channels import Credentials, stub
-from remote_tpu._core.limits import CHUNK_SIZE
+from remote_tpu._core.limits import CHUNK_SIZE, upload_deadline
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,12 @@ class BlobCache:
         return [r for r in refs if not self.has(r)]
 
     def _evict(self, room: int) -> bool:
-        """(Lock held.) Make ``room`` bytes of space; whether it could be made."""
+        """(Lock held.) Make ``room`` bytes of space; whether it could be made
+        (when it cannot, nothing is evicted)."""
+        pinned = sum(size for digest, size in self._sizes.items() if self._pins.get(digest))
+        unsettled = self._bytes - sum(self._sizes.values())     # buffers still arriving
+        if pinned + unsettled + room > self.max_bytes:
+            return False
         for digest in list(self._sizes):
             if self._bytes + room <= self.max_bytes:
                 return True
@@ -123,12 +128,15 @@ class BlobCache:
 
     def _reserve(self, size: int) -> None:
         with self._lock:
+            if size > self.max_bytes:
+                raise CacheFull(f"a buffer of {size:,} bytes is larger than its whole "
+                                f"argument cache (--cache-bytes {self.max_bytes:,})")
             if not self._evict(size):
                 raise CacheFull(
                     f"its argument cache (--cache-bytes {self.max_bytes:,}) cannot take "
-                    f"{size:,} more bytes: the buffers of queued and running jobs fill "
-                    f"it. Wait for them to end, or start the agent with a larger "
-                    f"--cache-bytes")
+                    f"{size:,} more bytes now: the buffers of queued and running jobs, and "
+                    f"of uploads under way, fill it. Wait for them to end, or start the "
+                    f"agent with a larger --cache-bytes")
             self._bytes += size       # held for it while it arrives
 
     def _release(self, size: int) -> None:
@@ -164,6 +172,10 @@ class BlobCache:
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 refused = f"no space left in {self.dir}"
             onward.abort()
+        except BaseException:           # the sender went away mid-buffer: so do the sends
+            onward.abort()
+            onward.finish()
+            raise
         return pb.BlobStored(refused=refused, onward_failed=onward.finish())
 
     def _store(self, ref: pb.BlobRef, data: bytes, chunks: Iterator[pb.BlobChunk],
@@ -172,19 +184,20 @@ class BlobCache:
             self._pass_on(ref, data, chunks, onward, None)
             return
         self._reserve(ref.size)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".incoming-")
+        tmp = ""
         try:
+            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".incoming-")
             with os.fdopen(fd, "wb") as f:
                 self._pass_on(ref, data, chunks, onward, f)
             self._add(ref, tmp)
-            tmp = ""
-        finally:
+        except BaseException:
+            self._release(ref.size)
             if tmp:
-                self._release(ref.size)
                 try:
                     os.unlink(tmp)
                 except OSError:
                     pass
+            raise
 
     def _pass_on(self, ref: pb.BlobRef, data: bytes, chunks: Iterator[pb.BlobChunk],
                  onward: _Onward, f) -> None:
@@ -253,19 +266,28 @@ class _Send:
 
     def _requests(self) -> Iterator[pb.BlobChunk]:
         yield pb.BlobChunk(blob=self._ref, forward_to=self._rest)
-        while (data := self._chunks.get()) is not None:
+        while not self._dead.is_set():     # (an agent that refused early reads no more)
+            try:
+                data = self._chunks.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if data is None:
+                return
             yield pb.BlobChunk(data=data)
 
     def _run(self) -> None:
         try:
             self._reply = stub(self.address, self._credentials).PutBlob(
-                self._requests(), metadata=self._credentials.metadata)
+                self._requests(), metadata=self._credentials.metadata,
+                timeout=upload_deadline(self._ref.size))
         except grpc.RpcError as exc:
             self._error = f"{exc.code().name}: {exc.details()}"
+        except Exception as exc:  # noqa: BLE001 - a bad address, say: reported, not lost
+            self._error = f"{type(exc).__name__}: {exc}"
         finally:
             self._dead.set()
 
-    def put(self, data: bytes) -> None:
+    def put(self, data: bytes | None) -> None:
         while not self._dead.is_set():
             try:
                 self._chunks.put(data, timeout=0.5)
@@ -300,8 +322,8 @@ def send_blob(address: str, ref: pb.BlobRef, data: Callable[[], Iterator[bytes]]
         for chunk in data():
             yield pb.BlobChunk(data=chunk)
     try:
-        reply = stub(address, credentials).PutBlob(requests(),
-                                                   metadata=credentials.metadata)
+        reply = stub(address, credentials).PutBlob(requests(), metadata=credentials.metadata,
+                                                   timeout=upload_deadline(ref.size))
     except grpc.RpcError as exc:
         return [f"{address}: {exc.code().name}: {exc.details()}"] + \
             [f"{a}: not reached" for a in forward_to]

@@ -197,6 +197,8 @@ class PeerRole:
                     final = pb.JOB_PHASE_PREEMPTED
                 if not event.exited.warm:
                     return
+                self._host.blobs.unpin(pinned)      # its worker has them mapped
+                pinned.clear()
                 yield from self._next_call(run, nexts, events, record, pinned)
         finally:
             events.close()

@@ -173,24 +173,24 @@ def _failed(exc: BaseException, phase: str, process_id: int, job_dir: str) -> di
             "exception": {**info, "pickled": info["pickled"].hex()}}
 
 
-def _load(header: dict, blob: bytes) -> bytearray | mmap.mmap:
-    """The call's payload: inline, or the file the header names, mapped
-    copy-on-write (arrays unpickled from it use the page cache's pages, no
-    copy, and stay writable)."""
+def _load(header: dict, blob: bytes) -> bytearray:
+    """The call's payload: inline, or read from the file the header names (not
+    mapped: a warm session's next call is written to the same file; its large
+    buffers, which are mapped, come apart: ``_map_blobs``)."""
     if not header.get("payload_path"):
         return bytearray(blob)
     with open(header["payload_path"], "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < wire.INLINE_BYTES:
-            data = bytearray(size)
-            f.readinto(data)
-            return data
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        data = bytearray(os.fstat(f.fileno()).st_size)
+        f.readinto(data)
+    return data
 
 
 def _map_blobs(header: dict) -> list[mmap.mmap]:
     """The call's large buffers, from the agent's argument cache, mapped
-    copy-on-write (the agent checked each against its digest as it arrived)."""
+    copy-on-write (the agent checked each against its digest as it arrived;
+    a cache file is never rewritten, only replaced or removed, so a mapping
+    stays as it was): arrays unpickled from them use those pages, no copy,
+    and stay writable."""
     maps = []
     for path in header.get("blobs", ()):
         with open(path, "rb") as f:

@@ -1,16 +1,18 @@
 """The worker's Python output: block-buffered, flushed on a timer.
 
-Python writes to ``sys.stdout``/``sys.stderr`` go through a 64 KiB buffer
-instead of one ``write`` system call per line (``PYTHONUNBUFFERED``, which the
-agent's own environment may carry, made a tight print loop 10x slower). A
-thread flushes both every ``FLUSH_SECONDS``, so a lone ``print`` still reaches
+Python writes to ``sys.stdout`` go through a 64 KiB buffer instead of one
+``write`` system call per line (``PYTHONUNBUFFERED``, which the agent's own
+environment may carry, made a tight print loop 10x slower); ``sys.stderr`` is
+line-buffered, as Python keeps it (the last lines before a crash are the ones
+that matter). A thread flushes both every ``FLUSH_SECONDS``, so a lone ``print`` still reaches
 the caller at once, as far as a person can tell; they are flushed as well at
 each call's end (``flush``), before a fork (so a child does not print the
 parent's buffer again) and before ``os._exit``. C-level output (XLA, libtpu)
 goes to the same pipes unbuffered, as before: within one stream, a Python line
 can show after C output written up to ``FLUSH_SECONDS`` later. Nothing is
 dropped; only a process killed outright (SIGKILL, a crash in C) loses what it
-printed in its last ``FLUSH_SECONDS``.
+printed to stdout in its last ``FLUSH_SECONDS``. A forked child starts its own
+flusher; a user who replaces ``sys.stdout`` still has ours flushed.
 """
 
 from __future__ import annotations
@@ -26,21 +28,23 @@ FLUSH_SECONDS = 0.05
 BUFFER_BYTES = 1 << 16
 
 
-def _stream(fd: int, like: io.TextIOBase | None) -> io.TextIOWrapper:
+_ours: list[io.TextIOWrapper] = []     # flushed even if the user replaces sys.stdout
+
+
+def _stream(fd: int, like: io.TextIOBase | None, lines: bool) -> io.TextIOWrapper:
     raw = io.FileIO(fd, "w", closefd=False)
-    return io.TextIOWrapper(io.BufferedWriter(raw, BUFFER_BYTES),
-                            encoding=getattr(like, "encoding", None) or "utf-8",
-                            errors=getattr(like, "errors", None) or "backslashreplace",
-                            line_buffering=False, write_through=False)
+    stream = io.TextIOWrapper(io.BufferedWriter(raw, BUFFER_BYTES),
+                              encoding=getattr(like, "encoding", None) or "utf-8",
+                              errors=getattr(like, "errors", None) or "backslashreplace",
+                              line_buffering=lines, write_through=False)
+    _ours.append(stream)
+    return stream
 
 
 def flush() -> None:
-    """Python's buffers (whatever ``sys.stdout``/``sys.stderr`` now are), then C's."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a user's replacement may fail as it likes
-            pass
+    """Python's buffers (ours, and whatever ``sys.stdout``/``sys.stderr`` now
+    are), then C's."""
+    _flush_python()
     try:
         ctypes.CDLL(None).fflush(None)
     except Exception:  # noqa: BLE001
@@ -48,10 +52,10 @@ def flush() -> None:
 
 
 def _flush_python() -> None:
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr, *_ours):
         try:
             stream.flush()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a user's replacement may fail as it likes
             pass
 
 
@@ -64,9 +68,11 @@ def _flush_forever() -> None:
 def buffer_output() -> None:
     """Replace ``sys.stdout``/``sys.stderr`` (and their ``__stdout__`` twins)
     with buffered streams on file descriptors 1 and 2; start the flusher."""
-    sys.stdout = sys.__stdout__ = _stream(1, sys.stdout)
-    sys.stderr = sys.__stderr__ = _stream(2, sys.stderr)
-    os.register_at_fork(before=_flush_python)
+    sys.stdout = sys.__stdout__ = _stream(1, sys.stdout, lines=False)
+    # stderr stays line-buffered, as Python keeps it: the last words before a
+    # crash or a kill are the ones that matter.
+    sys.stderr = sys.__stderr__ = _stream(2, sys.stderr, lines=True)
+    os.register_at_fork(before=_flush_python, after_in_child=_start_flusher)
     real_exit = os._exit
 
     def _exit(code: int) -> None:
@@ -74,4 +80,9 @@ def buffer_output() -> None:
         real_exit(code)
     _exit.__doc__ = real_exit.__doc__
     os._exit = _exit
+    _start_flusher()
+
+
+def _start_flusher() -> None:
+    """(Also in a forked child, where the parent's thread does not exist.)"""
     threading.Thread(target=_flush_forever, daemon=True, name="remote-tpu-flush").start()

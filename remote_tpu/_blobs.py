@@ -17,7 +17,8 @@ from ._core import digests
 from ._core.limits import CHUNK_SIZE
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
-from ._target import Target, upload_deadline
+from ._core.limits import upload_deadline
+from ._target import Target
 
 BLOB_MIN = 1 << 20       # the same as an inline payload's limit: smaller ones travel in it
 
@@ -38,7 +39,8 @@ def send(target: Target, payload: Payload) -> list[pb.BlobRef] | None:
             for d, b in zip(payload.blob_digests(), payload.blobs)]
     reply = target.call(lambda t: t.stub().HaveBlobs(
         pb.BlobQuery(blobs=refs), timeout=60, metadata=t.credentials.metadata), retry=True)
-    if any(ref.size > reply.capacity for ref in refs):
+    unique = {ref.digest: ref.size for ref in refs}
+    if sum(unique.values()) > reply.capacity:       # they could not all stay there at once
         return None
     sent: set[bytes] = set()
     for ref, blob, present in zip(refs, payload.blobs, reply.present):

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from . import _blobs as blobs
+from ._core.channels import BlobsMissing
 from ._core.limits import INLINE_BYTES
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
@@ -23,7 +24,8 @@ from ._jobs import JobHandle
 from ._options import RunOptions
 from ._outcome import outcome
 from ._render import OutputRenderer
-from ._target import Target, resolve_target, upload_deadline
+from ._core.limits import upload_deadline
+from ._target import Target, resolve_target
 
 _STREAM_MODES = {"leader": pb.STREAM_MODE_LEADER, "all": pb.STREAM_MODE_ALL,
                  "none": pb.STREAM_MODE_NONE}
@@ -102,7 +104,13 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
     spec.blobs.extend(refs)
     if options.keep_warm and not target.local:
         _release_at_exit(target)
-    stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
+    try:
+        stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
+    except BlobsMissing:         # evicted since they were sent: they go inside this time
+        payload = payload.inline()
+        spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target)
+        job_id = spec.job_id
+        stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
     label = "process" if options.processes_per_host > 1 else "host"
     try:
         return outcome(stream, OutputRenderer(options.stream, label), gateway=target.gateway,
@@ -173,8 +181,17 @@ def submit(options: RunOptions, payload: Payload, job_id: str) -> JobHandle:
     payload, refs = _with_blobs(target, payload)
     spec = _spec(options, payload, job_id, target)
     spec.blobs.extend(refs)
-    deadline = upload_deadline(payload.nbytes)
-    target.call(lambda t: t.stub().Submit(_requests(spec, payload),
-                                          metadata=t.credentials.metadata, timeout=deadline),
-                retry=True)
+
+    def send() -> None:
+        target.call(lambda t: t.stub().Submit(_requests(spec, payload),
+                                              metadata=t.credentials.metadata,
+                                              timeout=upload_deadline(payload.nbytes)),
+                    retry=True)
+    try:
+        send()
+    except BlobsMissing:         # evicted since they were sent: they go inside this time
+        payload = payload.inline()
+        spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target)
+        job_id = spec.job_id
+        send()
     return JobHandle(job_id, target, accelerator=options.topology.name)

@@ -28,8 +28,6 @@ from ._core.topology import Topology
 
 T = TypeVar("T")
 RETRY_SECONDS = 15.0                        # see _retrying
-_SUBMIT_BASE_SECONDS = 600.0                # see upload_deadline
-_SLOWEST_UPLOAD_BYTES_PER_SECOND = 1_000_000
 _TLS_WORDS = ("ssl", "handshake", "certificate", "tsi_")
 _LOCAL_LIFETIME = "a local slice lives only as long as the process that started it"
 _NOT_LOCAL = ("hosts='local' names no slice that can be reached from here: only a call or "
@@ -132,18 +130,6 @@ def running_targets(hosts: str | Sequence[str] | Hosts | None, *,
     from ._local_slice import running_local_slices
     return [Target(s.addresses[0], s.addresses, s.credentials, local=True)
             for s in running_local_slices(topology)]
-
-
-def upload_deadline(payload_size: int) -> float:
-    """Seconds Submit may take to upload ``payload_size`` bytes and be answered.
-
-    Keepalive pings (see ``channels.channel_options``) already end a call whose
-    connection or agent host is gone; a deadline is still what ends one whose
-    agent is alive but no longer reads (a full or hung disk, a bug), since gRPC
-    answers pings by itself. A fixed deadline would fail the largest payloads
-    on slow links (16 GiB in 600 s needs 28 MB/s), so it grows with the payload:
-    600 s, plus 1 s per MB (16 GiB: about 5 hours)."""
-    return _SUBMIT_BASE_SECONDS + payload_size / _SLOWEST_UPLOAD_BYTES_PER_SECOND
 
 
 def _retrying(gateway: str) -> tenacity.Retrying:

@@ -208,3 +208,59 @@ def test_warm_calls_take_their_buffers_from_the_cache(pair, sends):
     finally:
         step.release()
     assert len(sends) == 2
+
+
+def test_buffers_that_cannot_all_stay_in_the_cache_travel_in_the_payload(sends):
+    agents = Agents(2, devices=2, extra=["--spare-workers", "0", "--cache-bytes",
+                                         str(5 << 20)])
+    try:
+        check = _everywhere(agents)
+        big = np.full(6 << 20, 1, dtype=np.uint8)              # larger than the cache
+        assert check(big, _checksums(big)) == _checksums(big)
+
+        @on_agents(agents, accelerator="tpu-v4-16", stream="none")
+        def pair_of(a, b):                                     # 3 + 3 MiB > 5 MiB
+            return int(a.sum()) + int(b.sum())
+        a, b = np.full(3 << 20, 1, dtype=np.uint8), np.full(3 << 20, 2, dtype=np.uint8)
+        assert pair_of(a, b) == 9 << 20
+        assert sends == []
+    finally:
+        agents.stop()
+
+
+def test_an_upload_cut_short_leaves_nothing_behind(pair):
+    """A client that goes away mid-buffer: no partial file and no reserved
+    space stay behind, on the gateway or on the peer it was passing it on to."""
+    from remote_tpu._core import digests
+    from remote_tpu._core.channels import Credentials, stub
+    from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+    data = np.random.default_rng(3).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes()
+    ref = pb.BlobRef(digest=digests.of(data), size=len(data))
+    credentials = Credentials(token=pair.token)
+
+    sent_two, never = threading.Event(), threading.Event()
+
+    def requests():
+        yield pb.BlobChunk(blob=ref, forward_to=[pair.addresses[1]])
+        yield pb.BlobChunk(data=data[:CHUNK_SIZE])
+        yield pb.BlobChunk(data=data[CHUNK_SIZE:2 * CHUNK_SIZE])
+        sent_two.set()
+        never.wait(30)                     # ... and the caller is interrupted here
+    upload = stub(pair.addresses[0], credentials).PutBlob.future(
+        requests(), timeout=60, metadata=credentials.metadata)
+    assert sent_two.wait(30)
+    assert wait_until(lambda: len(glob.glob(os.path.join(
+        default_dir(pair.state_dirs[1]), ".incoming-*"))) == 1, timeout=30)  # passed on
+    upload.cancel()
+    never.set()
+
+    def partial():
+        return [p for i in range(2)
+                for p in glob.glob(os.path.join(default_dir(pair.state_dirs[i]), ".incoming-*"))]
+    assert wait_until(lambda: not partial(), timeout=30), partial()
+    presence = stub(pair.addresses[0], credentials).HaveBlobs(
+        pb.BlobQuery(blobs=[ref]), timeout=10, metadata=credentials.metadata)
+    assert list(presence.present) == [False]
+    array = np.frombuffer(data, dtype=np.uint8).copy()         # now whole: it works
+    assert _everywhere(pair)(array, _checksums(array)) == _checksums(array)

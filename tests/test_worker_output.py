@@ -113,6 +113,18 @@ def test_a_forked_child_does_not_print_its_parents_buffer_again(lone, capfd):
     assert "from the child" in out
 
 
+def test_output_of_a_replaced_stdout_s_original_is_still_flushed(lone, capfd):
+    @on_agents(lone, stream="leader")
+    def replaces():
+        import io
+        print("before the swap")          # in our buffer, not flushed yet
+        sys.stdout = io.StringIO()        # the user's own: never flushed by us
+        return True
+
+    assert replaces() is True
+    assert "before the swap" in capfd.readouterr().out
+
+
 def test_a_print_before_a_failure_is_shown_before_the_error(lone, capfd):
     @on_agents(lone, stream="leader")
     def fails():
@@ -128,9 +140,11 @@ def test_the_worker_s_streams_are_buffered_and_keep_their_encoding(lone):
     @on_agents(lone, stream="none")
     def streams():
         return (sys.stdout.line_buffering, sys.stdout.write_through, sys.stdout.encoding,
-                sys.stdout is sys.__stdout__, sys.stderr is sys.__stderr__)
+                sys.stdout is sys.__stdout__, sys.stderr is sys.__stderr__,
+                sys.stderr.line_buffering)
 
-    line_buffering, write_through, encoding, same_out, same_err = streams()
+    line_buffering, write_through, encoding, same_out, same_err, err_lines = streams()
     assert not line_buffering and not write_through
+    assert err_lines                    # stderr: the last words before a crash
     assert encoding.lower().replace("-", "") == "utf8"
     assert same_out and same_err

@@ -23,10 +23,16 @@ from .proto import remote_tpu_pb2_grpc as pb_grpc
 
 # Trailing metadata key an agent sets on a refused call: what kind of error it is.
 ERROR_KIND_KEY = "remote-tpu-error"
+class BlobsMissing(RemoteTPUError):
+    """The gateway lacks some of the call's large buffers (evicted since they
+    were sent): the client sends the call again with them inside."""
+
+
 _KINDS: dict[str, type[RemoteTPUError]] = {
     "version": VersionMismatchError,
     "config": ConfigurationError,
     "integrity": SerializationError,
+    "blobs-missing": BlobsMissing,
 }
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024    # our messages are <= 1 MiB chunks plus a header
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE,)

@@ -43,3 +43,20 @@ def valid_text(text: object) -> str:
     """Text protobuf accepts: lone surrogates (an undecodable file name in an
     exception message, say) escaped."""
     return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_SUBMIT_BASE_SECONDS = 600.0                # see upload_deadline
+_SLOWEST_UPLOAD_BYTES_PER_SECOND = 1_000_000
+
+
+def upload_deadline(payload_size: int) -> float:
+    """Seconds an upload (Submit, PutBlob) of ``payload_size`` bytes may take
+    and be answered.
+
+    Keepalive pings (see ``channels.channel_options``) already end a call whose
+    connection or agent host is gone; a deadline is still what ends one whose
+    agent is alive but no longer reads (a full or hung disk, a bug), since gRPC
+    answers pings by itself. A fixed deadline would fail the largest payloads
+    on slow links (16 GiB in 600 s needs 28 MB/s), so it grows with the payload:
+    600 s, plus 1 s per MB (16 GiB: about 5 hours)."""
+    return _SUBMIT_BASE_SECONDS + payload_size / _SLOWEST_UPLOAD_BYTES_PER_SECOND
