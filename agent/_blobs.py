@@ -63,6 +63,10 @@ class BlobCache:
         self.dir = directory
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        # Large return values land here first (in memory, like the buffers),
+        # on their way to their job's directory (JobRecord.keep_result).
+        self.results_dir = os.path.join(self.dir, "results")
+        os.makedirs(self.results_dir, mode=0o700, exist_ok=True)
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._sizes: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # LRU

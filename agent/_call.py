@@ -25,6 +25,7 @@ class Call:
     payload: bytes | str
     digest: str
     blobs: list[str] = dataclasses.field(default_factory=list)   # its large buffers' files
+    result_dir: str = ""      # where a large value goes ("" = job_dir)
 
     def send(self, fd: int, env_changes: Mapping[str, str], warm: bool) -> None:
         """Write the call to a worker's control pipe (``warm``: the worker stays,
@@ -32,7 +33,7 @@ class Call:
         inline = isinstance(self.payload, bytes)
         wire.write_frame(fd, wire.CALL, {
             "job_dir": self.job_dir, "env": dict(env_changes), "digest": self.digest,
-            "blobs": self.blobs,
+            "blobs": self.blobs, "result_dir": self.result_dir,
             "payload_path": "" if inline else self.payload, "warm": warm,
         }, self.payload if inline else b"")
 

@@ -93,7 +93,8 @@ class GatewayJob:
             if k:
                 os.makedirs(directory, exist_ok=True)
             call = Call(job_dir=directory, env=env_for(k, self.coordinator), payload=payload,
-                        digest=spec.payload_digest.hex(), blobs=list(blob_paths))
+                        digest=spec.payload_digest.hex(), blobs=list(blob_paths),
+                        result_dir=blobs.results_dir if blobs is not None and not k else "")
             self._local_calls.append(call)
             if not warm:
                 self.locals.append(WorkerRun(host=k, call=call, emit=self.events.put,
@@ -156,10 +157,9 @@ class GatewayJob:
             if self.tpu is not None:
                 self.tpu.release()
 
-    def result_data(self) -> bytes | None:
-        """Process 0's pickled value when it came inline (else it is in the
-        job directory's result file)."""
-        return self.local.result
+    def result_data(self) -> tuple[bytes | None, str]:
+        """Process 0's pickled value when it came inline; else its file."""
+        return self.local.result, self.local.result_file
 
     def kept_session(self, store) -> WarmSession | None:
         """The warm session this job's parked workers make (or go on), once it

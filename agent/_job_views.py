@@ -109,7 +109,19 @@ def result(record: JobRecord) -> Iterator[pb.Event]:
             for start in range(0, len(data), CHUNK_SIZE):
                 yield pb.Event(host=0, result_chunk=data[start:start + CHUNK_SIZE])
         else:
-            with open(os.path.join(record.dir, _worker.RESULT_FILE), "rb") as f:
+            with _open_result(record) as f:
                 while chunk := f.read(CHUNK_SIZE):
                     yield pb.Event(host=0, result_chunk=chunk)
     yield pb.Event(host=0, end=record.status.end)
+
+
+def _open_result(record: JobRecord):
+    """A large value's file: where it landed (in memory) while it is moved to
+    the job's directory, else there. (Once open, a move does not disturb it.)"""
+    moving = record.result_path
+    if moving:
+        try:
+            return open(moving, "rb")
+        except FileNotFoundError:
+            pass                       # moved meanwhile
+    return open(os.path.join(record.dir, _worker.RESULT_FILE), "rb")

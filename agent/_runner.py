@@ -83,7 +83,8 @@ class WorkerRun:
         self._control_lock = threading.Lock()
         self.report = pb.HostReport(host=host, state=pb.HOST_STATE_PENDING)
         self.result_digest = b""          # process 0's value, once pickled
-        self.result: bytes | None = None  # ... inline (else in a file of the call's job_dir)
+        self.result: bytes | None = None  # ... inline
+        self.result_file = ""             # ... or in this file
         self.finished = threading.Event()   # set once the `exited` event is out
         # Called when a parked (warm) worker's process ends between calls.
         self.on_parked_exit: Callable[[], None] | None = None
@@ -308,6 +309,7 @@ class WorkerRun:
             if self.report.state == pb.HOST_STATE_SUCCEEDED:
                 self.result_digest = bytes.fromhex(outcome.get("result_digest", ""))
                 self.result = result if not outcome.get("result_file") else None
+                self.result_file = outcome.get("result_file", "")
             # A warm worker whose function returned stays, for the next call:
             # parked before anyone hears it is done (so no release reaches it).
             park = self.warm and self.report.state == pb.HOST_STATE_SUCCEEDED and self.alive

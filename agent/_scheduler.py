@@ -282,7 +282,7 @@ class Scheduler:
                                          phase_name(PHASE_OF_END[end.state]))
                 ended = True
                 if end.state == pb.JOB_STATE_SUCCEEDED:
-                    record.keep_result(job.result_data())
+                    record.keep_result(*job.result_data())
                 record.set_phase(PHASE_OF_END[end.state], end.detail, end)
                 finish()
                 log.info("job %s: %s", record.job_id, phase_name(PHASE_OF_END[end.state]))

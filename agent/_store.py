@@ -52,6 +52,7 @@ class JobRecord:
         self.unpin: Callable[[], None] | None = None
         # Process 0's pickled value, once it succeeded, until written to its file.
         self.result: bytes | None = None
+        self.result_path = ""           # a large value's file while on its way to self.dir
         self._logs: dict[int, HostLog] = {}
 
     def touch(self) -> None:
@@ -96,11 +97,19 @@ class JobRecord:
         with self.changed:
             return sum(host_log.dropped for host_log in self._logs.values())
 
-    def keep_result(self, data: bytes | None) -> None:
-        """Process 0's value, when it came inline: stored in the job's result
-        file (which later readers read), and kept in memory for this record's
-        own readers (the attached caller)."""
+    def keep_result(self, data: bytes | None, path: str = "") -> None:
+        """Process 0's value: when it came inline, stored in the job's result
+        file (which later readers read) and kept in memory for this record's
+        own readers (the attached caller); when it came in a file elsewhere
+        (in memory), moved to the job's directory in the background, readers
+        reading it where it is meanwhile (``result_path``)."""
+        own = os.path.join(self.dir, RESULT_FILE)
         if data is None:
+            if path and os.path.realpath(path) != os.path.realpath(own):
+                self.result_path = path
+                self.store.moving(self, True)     # later readers find this record
+                threading.Thread(target=self._move_result, args=(path, own), daemon=True,
+                                 name=f"result-{self.job_id}").start()
             return
         self.result = data
         path = os.path.join(self.dir, RESULT_FILE)
@@ -110,6 +119,28 @@ class JobRecord:
         except OSError as exc:
             log.error("job %s: cannot store its result (%s)", self.job_id, exc)
 
+    def _move_result(self, path: str, own: str) -> None:
+        try:
+            try:
+                os.replace(path, own)                 # the same file system: at once
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                tmp = own + ".moving"
+                with open(path, "rb") as src, open(tmp, "wb", opener=private) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                os.replace(tmp, own)
+        except OSError as exc:
+            log.error("job %s: cannot store its result in %s (%s); only its attached "
+                      "caller gets it", self.job_id, own, exc)
+        finally:
+            self.result_path = ""
+            self.store.moving(self, False)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self.store.measure_again(self)      # its size, measured as it ended, lacked it
     def set_phase(self, phase: int, detail: str = "", end: pb.JobEnd | None = None) -> None:
         with self.changed:
             now = time.time()
@@ -186,6 +217,7 @@ class JobStore:
         self._save_lock = threading.RLock()
         self._live: dict[str, JobRecord] = {}
         self._unsaved: dict[str, JobRecord] = {}   # saves that failed (disk full)
+        self._moving: dict[str, JobRecord] = {}    # finished, their value on its way in
         self._mark_lost()
 
     def full_message(self) -> str:
@@ -241,7 +273,7 @@ class JobStore:
 
     def get(self, job_id: str, role: int = pb.ROLE_GATEWAY) -> JobRecord | None:
         key = self._key(job_id, role)
-        record = self._live.get(key) or self._unsaved.get(key)
+        record = self._live.get(key) or self._unsaved.get(key) or self._moving.get(key)
         if record is not None:
             return record
         rows = self._sql("SELECT job_id, role, spec, status FROM jobs WHERE job_id = ? "
@@ -309,6 +341,26 @@ class JobStore:
             total += size
             if i >= self.keep or (i > 0 and total > self.max_store_bytes):
                 self._delete(job_id, role)
+
+    def moving(self, record: JobRecord, on: bool) -> None:
+        """While a finished job's value moves to its directory, ``get`` answers
+        with the record that knows where it is meanwhile."""
+        key = self._key(record.job_id, record.role)
+        with self._lock:
+            if on:
+                self._moving[key] = record
+            else:
+                self._moving.pop(key, None)
+
+    def measure_again(self, record: JobRecord) -> None:
+        """A finished job's files changed (its value arrived): count them anew."""
+        try:
+            self._sql("UPDATE jobs SET bytes = NULL WHERE job_id = ? AND role = ?",
+                      (record.job_id, record.role))
+        except sqlite3.Error as exc:
+            log.warning("job %s: cannot update its size: %s", record.job_id, exc)
+            return
+        self.prune()
 
     def _delete(self, job_id: str, role: int) -> None:
         try:

@@ -225,7 +225,12 @@ def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
             if payload.nbytes <= wire.INLINE_BYTES:
                 result = payload.to_bytes()
             else:
-                path = os.path.join(header["job_dir"], RESULT_FILE)
+                # In memory where the agent has a place for it (it moves it to
+                # the job's directory while the caller already reads it).
+                path = (os.path.join(header["result_dir"],
+                                     os.path.basename(header["job_dir"]) + ".result")
+                        if header.get("result_dir") else
+                        os.path.join(header["job_dir"], RESULT_FILE))
                 with open(path, "wb", opener=private) as f:
                     for part in payload.parts:
                         f.write(part)

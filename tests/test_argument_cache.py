@@ -264,3 +264,23 @@ def test_an_upload_cut_short_leaves_nothing_behind(pair):
     assert list(presence.present) == [False]
     array = np.frombuffer(data, dtype=np.uint8).copy()         # now whole: it works
     assert _everywhere(pair)(array, _checksums(array)) == _checksums(array)
+
+
+def test_a_large_value_comes_back_and_is_kept_for_later(pair):
+    """A value over 1 MiB lands in memory, reaches its caller from there, and
+    is moved to the job's directory for whoever asks later."""
+    @on_agents(pair, accelerator="tpu-v4-16", stream="none")
+    def big_value(n):
+        import numpy as np
+        return np.arange(n, dtype=np.uint32)
+
+    assert int(big_value(3 << 20)[-1]) == (3 << 20) - 1         # attached
+    handle = big_value.submit(16 << 20)              # 64 MiB: asked for while it moves
+    first = handle.result(timeout=120)
+    assert int(first[-1]) == (16 << 20) - 1
+    results = os.path.join(default_dir(pair.state_dirs[0]), "results")
+    assert wait_until(lambda: not os.listdir(results), timeout=30), os.listdir(results)
+    again = remote_tpu.attach(handle.id, hosts=pair.addresses[0], token=pair.token)
+    assert np.array_equal(again.result(timeout=60), first)
+    assert os.path.exists(os.path.join(pair.state_dirs[0], "jobs", f"{handle.id}.gateway",
+                                       "result.bin"))

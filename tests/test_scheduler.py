@@ -48,7 +48,7 @@ class StandInJob:
         return None
 
     def result_data(self):
-        return None
+        return None, ""
 
     def run(self):
         self.running.set()
