@@ -49,10 +49,19 @@ class CacheFull(Exception):
     """The cache cannot take a buffer (pinned buffers fill it, or the disk is full)."""
 
 
+_SHM_MIN_BYTES = 1 << 30     # a container's 64 MiB /dev/shm is no place for it
+
+
 def default_dir(state_dir: str) -> str:
-    """In memory when this host has a writable ``/dev/shm``, named after the
-    state directory (an agent started again with it empties it)."""
-    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+    """In memory when this host has a writable ``/dev/shm`` of 1 GiB or more,
+    named after the state directory (an agent started again with it empties
+    it); else in the state directory."""
+    try:
+        shm = os.statvfs("/dev/shm")
+        roomy = shm.f_frsize * shm.f_blocks >= _SHM_MIN_BYTES
+    except OSError:
+        roomy = False
+    if roomy and os.access("/dev/shm", os.W_OK):
         tag = digests.of(os.path.realpath(state_dir).encode()).hex()[:16]
         return os.path.join("/dev/shm", f"remote-tpu-cache-{os.getuid()}-{tag}")
     return os.path.join(state_dir, "blobs")

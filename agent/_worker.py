@@ -198,6 +198,30 @@ def _map_blobs(header: dict) -> list[mmap.mmap]:
     return maps
 
 
+def _write_result(payload, header: dict) -> str:
+    """Write a large value: in memory where the agent has a place for it (it
+    moves it to the job's directory while the caller already reads it), in
+    the job's directory when that place is full or missing. Its path."""
+    places = [os.path.join(header["job_dir"], RESULT_FILE)]
+    if header.get("result_dir"):
+        places.insert(0, os.path.join(header["result_dir"],
+                                      os.path.basename(header["job_dir"]) + ".result"))
+    for i, path in enumerate(places):
+        try:
+            with open(path, "wb", opener=private) as f:
+                for part in payload.parts:
+                    f.write(part)
+            return path
+        except OSError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            if i == len(places) - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
     """One call: load the function, call it, keep process 0's value. Returns
     the outcome for the agent, and the pickled value when it goes inline."""
@@ -225,16 +249,7 @@ def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
             if payload.nbytes <= wire.INLINE_BYTES:
                 result = payload.to_bytes()
             else:
-                # In memory where the agent has a place for it (it moves it to
-                # the job's directory while the caller already reads it).
-                path = (os.path.join(header["result_dir"],
-                                     os.path.basename(header["job_dir"]) + ".result")
-                        if header.get("result_dir") else
-                        os.path.join(header["job_dir"], RESULT_FILE))
-                with open(path, "wb", opener=private) as f:
-                    for part in payload.parts:
-                        f.write(part)
-                outcome["result_file"] = path
+                outcome["result_file"] = _write_result(payload, header)
         del value
     except BaseException as exc:  # noqa: BLE001 - everything is reported
         outcome = _failed(exc, phase, process_id, header["job_dir"])

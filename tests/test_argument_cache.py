@@ -284,3 +284,31 @@ def test_a_large_value_comes_back_and_is_kept_for_later(pair):
     assert np.array_equal(again.result(timeout=60), first)
     assert os.path.exists(os.path.join(pair.state_dirs[0], "jobs", f"{handle.id}.gateway",
                                        "result.bin"))
+
+
+def test_a_cache_place_too_small_for_a_buffer_or_a_value_falls_back(tmp_path, sends):
+    """Where the cache's file system fills (a container's small /dev/shm, say),
+    arguments travel in the payload and a large value goes to the job's
+    directory: the call works all the same."""
+    import subprocess
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        agents = Agents(1, devices=2, peers=False, extra=[
+            "--spare-workers", "0", "--cache-dir", str(small / "cache")])
+        try:
+            @on_agents(agents, accelerator="tpu-v4-8", stream="none")
+            def echo(array):
+                return array * 1                      # a new 6 MiB value
+
+            array = np.full(6 << 20, 3, dtype=np.uint8)
+            value = echo(array)
+            assert value.nbytes == 6 << 20 and int(value[0]) == 3
+            assert len(sends) == 1                     # tried, refused (full), then inline
+        finally:
+            agents.stop()
+    finally:
+        subprocess.run(["umount", str(small)], capture_output=True)
