@@ -9,11 +9,13 @@ no agent waits for a whole buffer before passing it on, and the gateway sends
 each byte at most ``FAN_OUT`` times whatever the number of hosts. A notebook
 that calls ``train(dataset)`` twice uploads the dataset once.
 
-Each agent keeps its buffers in memory (``/dev/shm``, where there is one: written
-to a disk, a few GiB of buffers waited on its write-back, and the cache need not
-outlive the agent), else in ``state_dir/blobs``; ``--cache-dir`` chooses. It is
-emptied when the agent starts and removed when it stops; it holds up to
-``max_bytes``, least recently used out first. A buffer a queued or running job needs is pinned and
+Each agent keeps its buffers in memory (``/dev/shm``, where it has 1 GiB or
+more: written to a disk, a few GiB of buffers waited on its write-back, and the
+cache need not outlive the agent), else in ``state_dir/blobs``; ``--cache-dir``
+chooses. It is emptied when the agent starts and removed when it stops; an
+agent that starts also removes the memory caches of this user's agents that
+died without removing theirs. It holds up to ``max_bytes``, least recently used
+out first. A buffer a queued or running job needs is pinned and
 never evicted; when pinned buffers alone fill the cache a new one is refused,
 saying so. A worker maps its job's buffers from here (copy-on-write: the
 arrays unpickled from them use the page cache's pages, and stay writable).
@@ -39,6 +41,8 @@ from remote_tpu._core.channels import Credentials, stub
 from remote_tpu._core.limits import CHUNK_SIZE, upload_deadline
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
+from ._cache_dir import OWNER_FILE, sweep_orphans
+
 log = logging.getLogger(__name__)
 
 FAN_OUT = 4            # agents each agent passes a buffer on to
@@ -49,29 +53,14 @@ class CacheFull(Exception):
     """The cache cannot take a buffer (pinned buffers fill it, or the disk is full)."""
 
 
-_SHM_MIN_BYTES = 1 << 30     # a container's 64 MiB /dev/shm is no place for it
-
-
-def default_dir(state_dir: str) -> str:
-    """In memory when this host has a writable ``/dev/shm`` of 1 GiB or more,
-    named after the state directory (an agent started again with it empties
-    it); else in the state directory."""
-    try:
-        shm = os.statvfs("/dev/shm")
-        roomy = shm.f_frsize * shm.f_blocks >= _SHM_MIN_BYTES
-    except OSError:
-        roomy = False
-    if roomy and os.access("/dev/shm", os.W_OK):
-        tag = digests.of(os.path.realpath(state_dir).encode()).hex()[:16]
-        return os.path.join("/dev/shm", f"remote-tpu-cache-{os.getuid()}-{tag}")
-    return os.path.join(state_dir, "blobs")
-
-
 class BlobCache:
     def __init__(self, directory: str, max_bytes: int) -> None:
         self.dir = directory
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        with open(os.path.join(self.dir, OWNER_FILE), "w") as f:
+            f.write(str(os.getpid()))
+        sweep_orphans(self.dir)
         # Large return values land here first (in memory, like the buffers),
         # on their way to their job's directory (JobRecord.keep_result).
         self.results_dir = os.path.join(self.dir, "results")

@@ -37,7 +37,8 @@ from ._guard import TokenInterceptor
 from ._host import Host
 from ._job_views import JobViews, result, status_of, watch
 from ._peer import PeerRole
-from ._blobs import BlobCache, default_dir
+from ._blobs import BlobCache
+from ._cache_dir import default_dir
 from ._reports import bound_stacks
 from ._requests import abort, checked_spec, gateway_redirect
 from ._slice_queries import SliceQueries

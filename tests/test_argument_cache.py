@@ -17,7 +17,7 @@ from conftest import Agents, on_agents, wait_until
 from remote_tpu import _blobs
 from remote_tpu._core.exceptions import JobFailedError
 from remote_tpu._core.limits import CHUNK_SIZE
-from remote_tpu_agent._blobs import default_dir
+from remote_tpu_agent._cache_dir import default_dir
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -312,3 +312,21 @@ def test_a_cache_place_too_small_for_a_buffer_or_a_value_falls_back(tmp_path, se
             agents.stop()
     finally:
         subprocess.run(["umount", str(small)], capture_output=True)
+
+
+def test_the_memory_cache_of_a_killed_agent_is_removed_by_the_next_agent():
+    first = Agents(1, devices=2, peers=False, extra=["--spare-workers", "0"])
+    orphan = default_dir(first.state_dirs[0])
+    if not orphan.startswith("/dev/shm/"):
+        first.stop()
+        pytest.skip("no /dev/shm of 1 GiB here: the cache lives in the state directory")
+    first.procs[0].send_signal(signal.SIGKILL)       # no chance to remove its cache
+    first.procs[0].wait(10)
+    assert os.path.isdir(orphan)
+    second = Agents(1, devices=2, peers=False, extra=["--spare-workers", "0"])
+    try:
+        assert not os.path.exists(orphan)
+        assert os.path.isdir(default_dir(second.state_dirs[0]))   # its own stays
+    finally:
+        second.stop()
+        first.stop()
