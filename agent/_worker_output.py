@@ -60,9 +60,17 @@ def _flush_python() -> None:
 
 
 def _flush_forever() -> None:
+    # Calls only C functions in its loop: this thread's Python frames never
+    # change, so the stacks dump (faulthandler, from a signal, reading every
+    # thread's frames as they are) never meets one half made or half gone.
+    sleep, interval, ours = time.sleep, FLUSH_SECONDS, _ours
     while True:
-        time.sleep(FLUSH_SECONDS)
-        _flush_python()
+        sleep(interval)
+        for stream in (sys.stdout, sys.stderr, *ours):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a user's replacement may fail as it likes
+                pass
 
 
 def buffer_output() -> None:
