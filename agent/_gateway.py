@@ -63,7 +63,7 @@ class GatewayRole:
                 if isinstance(payload, bytes):
                     record.payload = payload
                 else:
-                    record.payload = os.path.join(record.dir, _worker.PAYLOAD_FILE)
+                    record.payload = os.path.join(record.make_dir(), _worker.PAYLOAD_FILE)
                     os.replace(path, record.payload)
                 self.scheduler.submit(record)
                 log.info("job %s: queued (%d host(s))", spec.job_id, len(hosts))

@@ -34,6 +34,7 @@ def _size(path: str) -> int:
 
 
 def _open_append(path: str) -> int:
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)   # made on first need
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
 

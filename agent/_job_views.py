@@ -104,7 +104,7 @@ def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
 def result(record: JobRecord) -> Iterator[pb.Event]:
     """A finished job's value (when it succeeded), then its final report."""
     if record.status.phase == pb.JOB_PHASE_SUCCEEDED:
-        data = record.result               # still in memory, or in its file
+        data = record.stored_result()      # small: in memory or its record; else a file
         if data is not None:
             for start in range(0, len(data), CHUNK_SIZE):
                 yield pb.Event(host=0, result_chunk=data[start:start + CHUNK_SIZE])

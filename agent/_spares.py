@@ -74,6 +74,7 @@ def spawn(env: Mapping[str, str], stacks_dir: str, spare: bool = False
           ) -> tuple[subprocess.Popen, int, int, int, int]:
     """Start a worker process in its own process group: (process, control
     pipe's write end, status pipe's read end, stdout's and stderr's read ends)."""
+    os.makedirs(stacks_dir, mode=0o700, exist_ok=True)     # a job's: made on first need
     control_r, control_w = os.pipe()
     status_r, status_w = os.pipe()
     out_r, out_w = os.pipe()

@@ -97,30 +97,36 @@ class JobRecord:
         with self.changed:
             return sum(host_log.dropped for host_log in self._logs.values())
 
+    def make_dir(self) -> str:
+        """The job's directory, made on first need (a call that prints nothing
+        and returns a small value has none: its record is all it leaves)."""
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        return self.dir
+
     def keep_result(self, data: bytes | None, path: str = "") -> None:
-        """Process 0's value: when it came inline, stored in the job's result
-        file (which later readers read) and kept in memory for this record's
-        own readers (the attached caller); when it came in a file elsewhere
-        (in memory), moved to the job's directory in the background, readers
-        reading it where it is meanwhile (``result_path``)."""
-        own = os.path.join(self.dir, RESULT_FILE)
-        if data is None:
-            if path and os.path.realpath(path) != os.path.realpath(own):
-                self.result_path = path
-                self.store.moving(self, True)     # later readers find this record
-                threading.Thread(target=self._move_result, args=(path, own), daemon=True,
-                                 name=f"result-{self.job_id}").start()
+        """Process 0's value: when it came inline, kept in memory and stored
+        with the job's record (by the save that finishes it); when it came in
+        a file elsewhere (in memory), moved to the job's directory in the
+        background, readers reading it where it is meanwhile
+        (``result_path``)."""
+        if data is not None:
+            self.result = data
             return
-        self.result = data
-        path = os.path.join(self.dir, RESULT_FILE)
-        try:
-            with open(path, "wb", opener=private) as f:
-                f.write(data)
-        except OSError as exc:
-            log.error("job %s: cannot store its result (%s)", self.job_id, exc)
+        own = os.path.join(self.dir, RESULT_FILE)
+        if path and os.path.realpath(path) != os.path.realpath(own):
+            self.result_path = path
+            self.store.moving(self, True)     # later readers find this record
+            threading.Thread(target=self._move_result, args=(path, own), daemon=True,
+                             name=f"result-{self.job_id}").start()
+
+    def stored_result(self) -> bytes | None:
+        """A small value: in memory, or in the job's saved record (None: its
+        value is in a file, or it has none)."""
+        return self.result if self.result is not None else self.store.saved_result(self)
 
     def _move_result(self, path: str, own: str) -> None:
         try:
+            self.make_dir()
             try:
                 os.replace(path, own)                 # the same file system: at once
             except OSError as exc:
@@ -209,7 +215,9 @@ class JobStore:
         columns = [row[1] for row in self._db.execute("PRAGMA table_info(jobs)")]
         # Columns a store written by an earlier agent lacks: when a job ended, and
         # how much its files take (measured once, when it ended; NULL = not yet).
-        for column, kind in (("ended_at", "REAL DEFAULT 0"), ("bytes", "INTEGER")):
+        # A small value (inline) is kept with its record, not in a file of its own.
+        for column, kind in (("ended_at", "REAL DEFAULT 0"), ("bytes", "INTEGER"),
+                             ("result", "BLOB")):
             if column not in columns:
                 self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
         self._lock = threading.Lock()        # create() is check-then-insert
@@ -262,7 +270,6 @@ class JobStore:
                                   accelerator=spec.accelerator, num_hosts=spec.num_hosts,
                                   created_at=time.time())
             record = JobRecord(self, spec, role, self._dir(spec.job_id, role), status)
-            os.makedirs(record.dir, mode=0o700, exist_ok=True)
             self._live[self._key(spec.job_id, role)] = record
             self.save(record)
             return record, True
@@ -293,10 +300,16 @@ class JobStore:
             status = record.status.SerializeToString()
             phase = record.status.phase
         try:
-            self._sql("INSERT OR REPLACE INTO jobs (job_id, role, phase, created_at, spec, "
-                      "status, ended_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            # (a record read back from the table carries no value: the stored one stays)
+            self._sql("INSERT INTO jobs (job_id, role, phase, created_at, spec, status, "
+                      "ended_at, result) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                      "ON CONFLICT (job_id, role) DO UPDATE SET phase = excluded.phase, "
+                      "spec = excluded.spec, status = excluded.status, "
+                      "ended_at = excluded.ended_at, bytes = NULL, "
+                      "result = COALESCE(excluded.result, result)",
                       (record.job_id, record.role, phase, record.status.created_at,
-                       record.spec.SerializeToString(), status, record.status.ended_at))
+                       record.spec.SerializeToString(), status, record.status.ended_at,
+                       record.result if phase in FINISHED else None))
         except (sqlite3.Error, OSError) as exc:
             if key not in self._unsaved:
                 log.error("job %s: cannot save its record (%s); it is kept in memory until "
@@ -322,7 +335,8 @@ class JobStore:
         ``max_store_bytes`` all together (the job that finished last stays, so a
         caller can always collect the result of the job that just ended)."""
         try:
-            rows = self._sql("SELECT job_id, role, bytes FROM jobs WHERE phase NOT IN (?, ?) "
+            rows = self._sql("SELECT job_id, role, bytes, IFNULL(length(result), 0) FROM jobs "
+                             "WHERE phase NOT IN (?, ?) "
                              "ORDER BY CASE WHEN ended_at > 0 THEN ended_at "
                              "ELSE created_at END DESC",
                              (pb.JOB_PHASE_QUEUED, pb.JOB_PHASE_RUNNING))
@@ -330,7 +344,7 @@ class JobStore:
             log.warning("cannot prune the job store: %s", exc)
             return
         total = 0
-        for i, (job_id, role, size) in enumerate(rows):
+        for i, (job_id, role, size, kept) in enumerate(rows):
             if size is None:            # measured once: a finished job's files stay as they are
                 size = _tree_size(self._dir(job_id, role))
                 try:
@@ -338,9 +352,14 @@ class JobStore:
                               (size, job_id, role))
                 except sqlite3.Error:
                     pass
-            total += size
+            total += size + kept
             if i >= self.keep or (i > 0 and total > self.max_store_bytes):
                 self._delete(job_id, role)
+
+    def saved_result(self, record: JobRecord) -> bytes | None:
+        rows = self._sql("SELECT result FROM jobs WHERE job_id = ? AND role = ?",
+                         (record.job_id, record.role))
+        return rows[0][0] if rows and rows[0][0] is not None else None
 
     def moving(self, record: JobRecord, on: bool) -> None:
         """While a finished job's value moves to its directory, ``get`` answers

@@ -57,6 +57,7 @@ class Uploads:
             self._take(spec, requests, context, data.extend)
             return bytes(data)
         try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             with open(path, "wb", opener=_worker.private) as f:
                 self._take(spec, requests, context, f.write)
             return path

@@ -146,6 +146,7 @@ def _describe_failure(exc: BaseException, process_id: int, job_dir: str) -> dict
     full = _user_traceback(exc)
     info = describe_exception(exc, traceback_text=full, where=where)
     try:
+        os.makedirs(job_dir, mode=0o700, exist_ok=True)       # made on first need
         with open(path, "w", errors="backslashreplace", opener=private) as f:
             f.write(full)
     except OSError as err:
@@ -208,6 +209,7 @@ def _write_result(payload, header: dict) -> str:
                                       os.path.basename(header["job_dir"]) + ".result"))
     for i, path in enumerate(places):
         try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             with open(path, "wb", opener=private) as f:
                 for part in payload.parts:
                     f.write(part)

@@ -72,6 +72,8 @@ def test_a_new_record_is_queued_with_its_spec(store):
     assert record.status.num_hosts == 2
     assert record.status.created_at > 0
     assert record.finished is False
+    assert not os.path.exists(record.dir)          # made when something goes there
+    record.append_output(0, OUT, b"x")
     assert os.path.isdir(record.dir)
 
 
@@ -404,12 +406,13 @@ def test_queued_and_running_jobs_are_never_pruned(state):
     try:
         running, _ = store.create(spec("job-run"), pb.ROLE_GATEWAY)
         running.set_phase(pb.JOB_PHASE_RUNNING)
-        store.create(spec("job-wait"), pb.ROLE_GATEWAY)
+        running.append_output(0, OUT, b"working")
+        store.create(spec("job-wait"), pb.ROLE_GATEWAY)      # (no files yet: no directory)
         time.sleep(0.002)
         for i in range(3):
-            finish(store, f"job-{i}")
+            finish(store, f"job-{i}", b"out")
         assert listed(store) == ["job-2", "job-wait", "job-run"]
-        assert job_dirs(state) == ["job-2.gateway", "job-run.gateway", "job-wait.gateway"]
+        assert job_dirs(state) == ["job-2.gateway", "job-run.gateway"]
     finally:
         store.close()
 
@@ -426,6 +429,43 @@ def test_a_job_that_just_finished_is_not_pruned_at_once(state):
         running.set_phase(pb.JOB_PHASE_SUCCEEDED)
         assert "job-run" in listed(store)
         assert os.path.isdir(running.dir)
+    finally:
+        store.close()
+
+
+def small_result(store: JobStore, job_id: str, value: bytes) -> None:
+    record, _ = store.create(spec(job_id), pb.ROLE_GATEWAY)
+    record.set_phase(pb.JOB_PHASE_RUNNING)
+    record.keep_result(value)
+    record.set_phase(pb.JOB_PHASE_SUCCEEDED, end=pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED))
+    time.sleep(0.002)
+
+
+def test_a_small_value_is_kept_with_its_record_not_in_a_file(state):
+    store = JobStore(state)
+    try:
+        small_result(store, "job-a", b"\x80\x05K\x01.")
+        assert job_dirs(state) == []                        # nothing written but the record
+        assert store.get("job-a").stored_result() == b"\x80\x05K\x01."
+    finally:
+        store.close()
+    again = JobStore(state)                                 # the agent restarted
+    try:
+        record = again.get("job-a")
+        assert record.result is None                        # not read until asked for
+        assert record.stored_result() == b"\x80\x05K\x01."
+        record.set_phase(pb.JOB_PHASE_SUCCEEDED, end=pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED))
+        assert again.get("job-a").stored_result() == b"\x80\x05K\x01."   # a save keeps it
+    finally:
+        again.close()
+
+
+def test_small_values_count_toward_max_store_bytes(state):
+    store = JobStore(state, max_store_bytes=250)
+    try:
+        for i in range(3):
+            small_result(store, f"job-{i}", b"v" * 100)
+        assert listed(store) == ["job-2", "job-1"]          # 300 bytes of values: one goes
     finally:
         store.close()
 
