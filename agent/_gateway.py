@@ -95,6 +95,7 @@ class GatewayRole:
                      context: grpc.ServicerContext) -> Iterator[pb.Event]:
         """Accept the job and follow it: queued notice, output, outcome."""
         record, _ = self.accept(spec, requests, context)
+        record.attached = True
 
         def on_done() -> None:        # an attached job does not outlive its caller
             if not record.finished:
@@ -105,8 +106,11 @@ class GatewayRole:
             yield pb.Event(host=0, queued=status)
         hosts = {pb.STREAM_MODE_ALL: list(range(num_processes(record.spec))),
                  pb.STREAM_MODE_NONE: []}.get(spec.stream, [0])
-        yield from watch(record, hosts, [], follow=True, context=context, with_end=False)
-        yield from result_events(record)
+        try:
+            yield from watch(record, hosts, [], follow=True, context=context, with_end=False)
+            yield from result_events(record)
+        finally:
+            record.result_sent()
 
     def _make_job(self, record: JobRecord, warm: WarmSession | None) -> GatewayJob:
         spec = record.spec

@@ -102,14 +102,17 @@ def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
 
 
 def result(record: JobRecord) -> Iterator[pb.Event]:
-    """A finished job's value (when it succeeded), then its final report."""
+    """A finished job's value (when it succeeded): its size, then its chunks;
+    then the final report."""
     if record.status.phase == pb.JOB_PHASE_SUCCEEDED:
         data = record.stored_result()      # small: in memory or its record; else a file
         if data is not None:
+            yield pb.Event(host=0, result_size=len(data))
             for start in range(0, len(data), CHUNK_SIZE):
                 yield pb.Event(host=0, result_chunk=data[start:start + CHUNK_SIZE])
         else:
             with _open_result(record) as f:
+                yield pb.Event(host=0, result_size=os.fstat(f.fileno()).st_size)
                 while chunk := f.read(CHUNK_SIZE):
                     yield pb.Event(host=0, result_chunk=chunk)
     yield pb.Event(host=0, end=record.status.end)

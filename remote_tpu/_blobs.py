@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ._core import digests
 from ._core.limits import CHUNK_SIZE
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
