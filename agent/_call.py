@@ -26,6 +26,7 @@ class Call:
     digest: str
     blobs: list[str] = dataclasses.field(default_factory=list)   # its large buffers' files
     result_dir: str = ""      # where a large value goes ("" = job_dir)
+    working_dir: str = ""     # working_dir=: the call's cwd, on sys.path ("" = none)
 
     def send(self, fd: int, env_changes: Mapping[str, str], warm: bool) -> None:
         """Write the call to a worker's control pipe (``warm``: the worker stays,
@@ -35,6 +36,7 @@ class Call:
             "job_dir": self.job_dir, "env": dict(env_changes), "digest": self.digest,
             "blobs": self.blobs, "result_dir": self.result_dir,
             "payload_path": "" if inline else self.payload, "warm": warm,
+            "working_dir": self.working_dir,
         }, self.payload if inline else b"")
 
 

@@ -27,6 +27,7 @@ from ._job_views import result as result_events
 from ._requests import Refused, abort, hosts_for
 from ._scheduler import Scheduler
 from ._store import JobRecord
+from ._workdirs import refs_of, split_paths
 from ._warm import WarmSession
 from ._worker_pipe import INLINE_BYTES
 from ._worker_env import num_processes
@@ -57,7 +58,7 @@ class GatewayRole:
             spec.num_hosts = len(hosts)
             spec.hosts[:] = hosts
             record, created = self._host.store.create(spec, pb.ROLE_GATEWAY)
-            if created and spec.blobs:
+            if created and refs_of(spec):
                 self._pin_blobs(record, context)
             if created:
                 if isinstance(payload, bytes):
@@ -75,7 +76,7 @@ class GatewayRole:
     def _pin_blobs(self, record: JobRecord, context: grpc.ServicerContext) -> None:
         """Keep the job's large buffers in the cache until it is over; a job
         whose buffers are not all here fails at once (nothing has run)."""
-        refs = list(record.spec.blobs)
+        refs = refs_of(record.spec)
         cache = self._host.blobs
         paths = cache.pin(refs)
         if paths is not None:
@@ -114,8 +115,14 @@ class GatewayRole:
 
     def _make_job(self, record: JobRecord, warm: WarmSession | None) -> GatewayJob:
         spec = record.spec
+        call_paths, tree_paths = split_paths(spec, record.blob_paths)
+        try:
+            tree = self._host.workdirs.place(spec.working_dir, tree_paths)
+        except (OSError, ValueError) as exc:
+            raise RuntimeError(f"cannot place the job's working_dir on host 0 "
+                               f"({self._host.endpoint()}): {exc}") from exc
         return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
-                          payload=record.payload, blob_paths=record.blob_paths,
+                          payload=record.payload, blob_paths=call_paths, working_dir=tree,
                           blobs=self._host.blobs,
                           advertise=self._advertise,
                           peer_credentials=self._config.peer_credentials, tpu=self._host.tpu,

@@ -37,6 +37,7 @@ from ._runner import WorkerRun
 from ._spares import Spares
 from ._tpu import TpuBusy, TpuGuard
 from ._worker_env import processes_per_host
+from ._workdirs import refs_of
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class GatewayJob:
                  peer_credentials: Credentials, tpu: TpuGuard | None = None,
                  preempted=lambda: False, warm: WarmSession | None = None,
                  spares: Spares | None = None, blob_paths: Sequence[str] = (),
-                 blobs: BlobCache | None = None) -> None:
+                 blobs: BlobCache | None = None, working_dir: str = "") -> None:
         self.tpu = tpu
         self._preempted = preempted
         self.spec = spec
@@ -94,6 +95,7 @@ class GatewayJob:
                 os.makedirs(directory, exist_ok=True)
             call = Call(job_dir=directory, env=env_for(k, self.coordinator), payload=payload,
                         digest=spec.payload_digest.hex(), blobs=list(blob_paths),
+                        working_dir=working_dir,
                         result_dir=blobs.results_dir if blobs is not None and not k else "")
             self._local_calls.append(call)
             if not warm:
@@ -139,7 +141,7 @@ class GatewayJob:
         try:
             if self._blobs is not None:
                 self._blob_problems = ensure_on([r.address for r in self.remotes],
-                                                self.spec.blobs, self._blobs,
+                                                refs_of(self.spec), self._blobs,
                                                 self._peer_credentials)
             refused = self._preflight()
             if refused:

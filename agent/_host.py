@@ -12,11 +12,13 @@ from ._spares import Spares
 from ._store import JobStore
 from ._tpu import TpuGuard
 from ._uploads import Uploads
+from ._workdirs import WorkingDirs
 
 
 @dataclasses.dataclass(frozen=True)
 class Host:
-    """This agent's job store, payload uploads, argument cache, TPU guard and spare workers,
+    """This agent's job store, payload uploads, argument cache, TPU guard, spare workers
+    and the trees of working_dir= jobs,
     and what only the server can say: its endpoint (once bound), a worker's
     environment for a job spec, process id and coordinator, and whether this
     VM has been preempted."""
@@ -29,3 +31,4 @@ class Host:
     endpoint: Callable[[], str]
     env_for: Callable[[pb.JobSpec, int, str], dict[str, str]]
     preempted: Callable[[], bool]
+    workdirs: WorkingDirs

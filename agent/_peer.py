@@ -36,6 +36,7 @@ from ._hostlog import StoreFull
 from ._requests import Refused, abort
 from ._runner import WorkerRun
 from ._store import JobRecord
+from ._workdirs import refs_of, split_paths
 from ._tpu import TpuBusy
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class PeerRole:
                 record.set_phase(pb.JOB_PHASE_FAILED, why)
                 abort(context, Refused(grpc.StatusCode.FAILED_PRECONDITION, "blobs-missing",
                                        why))
-            pinned[:] = spec.blobs
+            pinned[:] = refs_of(spec)
             record.set_phase(pb.JOB_PHASE_RUNNING)
             yield from self._events(spec, payload, requests, record, context, paths, pinned)
         finally:
@@ -112,17 +113,26 @@ class PeerRole:
 
     def _call(self, spec: pb.JobSpec, payload: bytes | str, record: JobRecord,
               blob_paths: list[str]) -> Call:
+        """The worker's call (its tree placed here first: OSError, ValueError)."""
+        call_paths, tree_paths = split_paths(spec, blob_paths)
         return Call(job_dir=record.dir, payload=payload, digest=spec.payload_digest.hex(),
                     env=self._host.env_for(spec, spec.process_id, spec.coordinator_address),
-                    blobs=blob_paths)
+                    blobs=call_paths,
+                    working_dir=self._host.workdirs.place(spec.working_dir, tree_paths))
+
+    def _unplaced(self, host: int, exc: BaseException) -> pb.Event:
+        return pb.Event(host=host, exited=pb.HostReport(
+            host=host, state=pb.HOST_STATE_FAILED, exited=True, finished_at=time.time(),
+            detail=f"could not place the call's working_dir on host {self._host.endpoint()}: "
+                   f"{exc}"))
 
     def _pin(self, spec: pb.JobSpec) -> tuple[list[str] | None, str]:
         """Pin the call's large buffers here (the gateway made sure this host
         had them just before): their paths, or None and why not."""
-        paths = self._host.blobs.pin(spec.blobs)
+        paths = self._host.blobs.pin(refs_of(spec))
         if paths is not None:
             return paths, ""
-        missing = len(self._host.blobs.missing(spec.blobs))
+        missing = len(self._host.blobs.missing(refs_of(spec)))
         return None, (f"host {self._host.endpoint()} lacks {missing} of the call's large "
                       "argument buffers (its argument cache evicted them): call again")
 
@@ -130,9 +140,15 @@ class PeerRole:
                 requests: Iterator[pb.RunRequest], record: JobRecord,
                 context: grpc.ServicerContext, blob_paths: list[str],
                 pinned: list[pb.BlobRef]) -> Iterator[pb.Event]:
+        try:
+            call = self._call(spec, payload, record, blob_paths)
+        except (OSError, ValueError) as exc:
+            yield self._unplaced(spec.process_id, exc)
+            record.set_phase(pb.JOB_PHASE_FAILED, str(exc))
+            return
         events = EventQueue()
         nexts: queue.Queue = queue.Queue()      # a warm session's next calls; None: no more
-        run = WorkerRun(host=spec.process_id, call=self._call(spec, payload, record, blob_paths),
+        run = WorkerRun(host=spec.process_id, call=call,
                         emit=events.put, forward_output=True,
                         warm=spec.keep_warm_seconds > 0, spares=self._host.spares)
 
@@ -232,8 +248,14 @@ class PeerRole:
             events.put(None)
             return
         self._host.blobs.unpin(pinned)          # the last call's: its worker mapped them
-        pinned[:] = spec.blobs
-        if not run.next_call(self._call(spec, payload, record, paths), events.put):
+        pinned[:] = refs_of(spec)
+        try:
+            call = self._call(spec, payload, record, paths)
+        except (OSError, ValueError) as exc:
+            yield self._unplaced(run.host, exc)
+            events.put(None)
+            return
+        if not run.next_call(call, events.put):
             yield pb.Event(host=run.host, exited=pb.HostReport(
                 host=run.host, state=pb.HOST_STATE_DIED, exited=True,
                 detail="its warm worker had exited since the last call"))

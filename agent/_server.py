@@ -47,6 +47,7 @@ from ._store import JobStore
 from ._tpu import TpuGuard
 from ._uploads import Uploads
 from ._warm import is_session
+from ._workdirs import WorkingDirs
 from ._spares import Spares
 from ._worker_env import num_processes, passed_environment, spare_env, worker_env
 
@@ -73,7 +74,8 @@ class AgentService(pb_grpc.AgentServicer):
         host = Host(store=self.store, uploads=uploads, blobs=self.blobs, tpu=self.tpu,
                     spares=self.spares,
                     endpoint=lambda: self.endpoint, env_for=self._env_for,
-                    preempted=self.preempted)
+                    preempted=self.preempted,
+                    workdirs=WorkingDirs(os.path.join(self.state_dir, "workdirs")))
         self.gateway = GatewayRole(config=config, host=host, advertise=self.address)
         self.scheduler = self.gateway.scheduler
         self.peer = PeerRole(host)

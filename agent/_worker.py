@@ -47,6 +47,7 @@ ENV_HEARTBEAT_TIMEOUT = "REMOTE_TPU_JAX_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "REMOTE_TPU_JAX_SHUTDOWN_TIMEOUT"
 ENV_INIT_JAX = "REMOTE_TPU_INIT_JAX"          # "0": init_jax=False (no jax at all)
 
+_START_DIR = os.getcwd()
 PAYLOAD_FILE = "payload.bin"
 STACKS_FILE = "stacks.txt"      # SIGUSR1 appends every thread's Python stack here
 STACKS_SIGNAL = signal.SIGUSR1
@@ -224,6 +225,29 @@ def _write_result(payload, header: dict) -> str:
     raise AssertionError("unreachable")
 
 
+_working_dir = ""          # the last call's working_dir= copy on this host
+
+
+def _enter_working_dir(path: str) -> None:
+    """working_dir=: the call runs in its copy of the tree, first on sys.path.
+    A warm worker leaving one tree for another (or none) forgets the modules
+    it imported from the old one, so the new tree's own are imported."""
+    global _working_dir
+    old, _working_dir = _working_dir, path
+    if old and old != path:
+        while old in sys.path:
+            sys.path.remove(old)
+        for name, module in list(sys.modules.items()):
+            if (getattr(module, "__file__", None) or "").startswith(old + os.sep):
+                del sys.modules[name]
+    if path:
+        if path not in sys.path:
+            sys.path.insert(0, path)
+        os.chdir(path)
+    elif old:
+        os.chdir(_START_DIR)
+
+
 def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
     """One call: load the function, call it, keep process 0's value. Returns
     the outcome for the agent, and the pickled value when it goes inline."""
@@ -232,8 +256,10 @@ def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
 
     outcome: dict = {"state": "succeeded"}
     result = b""
-    phase = "loading the function and its arguments"
+    phase = "entering the working_dir"
     try:
+        _enter_working_dir(header.get("working_dir", ""))
+        phase = "loading the function and its arguments"
         data = _load(header, blob)
         if digests.of(data).hex() != header.get("digest"):
             raise _serialization.SerializationError(

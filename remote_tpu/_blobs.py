@@ -11,7 +11,7 @@ buffer now, the call carries its buffers in its payload, as before.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ._core.limits import CHUNK_SIZE
 from ._core.proto import remote_tpu_pb2 as pb
@@ -20,6 +20,7 @@ from ._core.limits import upload_deadline
 from ._target import Target
 
 BLOB_MIN = 1 << 20       # the same as an inline payload's limit: smaller ones travel in it
+sent_bytes = [0]         # buffer bytes this process has sent (PutBlob), all told
 
 
 def _chunks(ref: pb.BlobRef, blob: memoryview, target: Target) -> Iterator[pb.BlobChunk]:
@@ -36,21 +37,32 @@ def send(target: Target, payload: Payload) -> list[pb.BlobRef] | None:
     instead (no cache there, or it cannot take them now)."""
     refs = [pb.BlobRef(digest=d, size=b.nbytes)
             for d, b in zip(payload.blob_digests(), payload.blobs)]
+    ok = send_buffers(target, refs, [lambda b=b: b for b in payload.blobs])
+    return refs if ok else None
+
+
+def send_buffers(target: Target, refs: list[pb.BlobRef],
+                 data: list[Callable[[], bytes | memoryview]]) -> bool:
+    """Make sure the gateway holds every buffer of ``refs``, sending those it
+    lacks (``data[i]()`` gives the bytes of ``refs[i]``); False when its cache
+    cannot take them all (there is none, or it is too small or full now)."""
     reply = target.call(lambda t: t.stub().HaveBlobs(
         pb.BlobQuery(blobs=refs), timeout=60, metadata=t.credentials.metadata), retry=True)
     unique = {ref.digest: ref.size for ref in refs}
     if sum(unique.values()) > reply.capacity:       # they could not all stay there at once
-        return None
+        return False
     sent: set[bytes] = set()
-    for ref, blob, present in zip(refs, payload.blobs, reply.present):
+    for ref, get, present in zip(refs, data, reply.present):
         if present or ref.digest in sent:
             continue
+        blob = memoryview(get())
         stored = target.call(lambda t: t.stub().PutBlob(
             _chunks(ref, blob, t), timeout=upload_deadline(ref.size),
             metadata=t.credentials.metadata), retry=True)
         if stored.refused:
-            return None
+            return False
         sent.add(ref.digest)
+        sent_bytes[0] += ref.size
         # A peer that could not take it (stored.onward_failed) is sent it again
         # by the gateway as the job starts, or the job fails naming that host.
-    return refs
+    return True

@@ -78,8 +78,13 @@ def _target(options: RunOptions) -> Target:
 
 
 def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) -> pb.JobSpec:
+    """The job's spec, once the gateway holds its tree (working_dir=)."""
     topology = options.topology
     jt = options.jax_timeouts
+    tree = None
+    if options.working_dir:
+        from . import _workdir
+        tree = _workdir.prepare(target, options.working_dir)
     return pb.JobSpec(
         client_versions=versions_pb(), job_id=job_id, accelerator=topology.name,
         num_hosts=topology.hosts, role=pb.ROLE_GATEWAY, hosts=target.hosts,
@@ -91,7 +96,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) ->
         payload_size=payload.nbytes, devices_per_host=topology.devices_per_host,
         payload_digest=payload.digest(), processes_per_host=options.processes_per_host,
         keep_warm_seconds=options.keep_warm, client_id=client_id(),
-        skip_jax_init=not options.init_jax,
+        skip_jax_init=not options.init_jax, working_dir=tree,
     )
 
 

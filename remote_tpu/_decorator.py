@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -86,6 +87,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         processes_per_host: int = 1,
         keep_warm: float | None = None,
         init_jax: bool = True,
+        working_dir: str | os.PathLike | None = None,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -116,6 +118,12 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         ``jax.distributed``, and a freshly started one does not import jax (a
         spare worker started ahead of the job may have), so it starts in a
         fraction of the time.
+    working_dir: a project directory sent to every host (``REMOTE_TPU_WORKING_DIR``):
+        the function runs in its copy there, which is also on ``sys.path``.
+        ``.gitignore`` files and a ``.remote_tpu_ignore`` leave files out; at
+        most 512 MiB; only files a host lacks are sent, so an unchanged tree
+        costs nothing on the next call. Each call starts from the tree as sent
+        (what a call wrote there is gone): write outputs elsewhere.
     """
     if fn is not None:
         raise ConfigurationError(
@@ -125,7 +133,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
     options = resolve(accelerator=accelerator, hosts=hosts, timeout=timeout, stream=stream,
                       env=env, jax_timeouts=jax_timeouts, token=token, tls=tls,
                       processes_per_host=processes_per_host, keep_warm=keep_warm,
-                      init_jax=init_jax)
+                      init_jax=init_jax, working_dir=working_dir)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

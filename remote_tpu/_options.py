@@ -42,6 +42,7 @@ class RunOptions:
     processes_per_host: int = 1
     keep_warm: float = 0.0            # seconds the workers stay after a call; 0 = none
     init_jax: bool = True             # False: no jax import, no jax.distributed
+    working_dir: str = ""             # absolute; "" = none
 
     @property
     def local(self) -> bool:
@@ -93,12 +94,28 @@ def _keep_warm(value: float | None) -> float:
     return float(value)
 
 
+def _working_dir(value: str | os.PathLike | None) -> str:
+    """``working_dir=``: an existing directory (``REMOTE_TPU_WORKING_DIR``)."""
+    if value is None:
+        value = _from_env("REMOTE_TPU_WORKING_DIR")
+        if value is None:
+            return ""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigurationError(f"working_dir= must be a path to a directory, got {value!r}")
+    path = os.path.abspath(os.path.expanduser(os.fspath(value)))
+    if not os.path.isdir(path):
+        raise ConfigurationError(f"working_dir={os.fspath(value)!r}: {path} is not a directory "
+                                 "(give the project directory the function's files are in)")
+    return path
+
+
 def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | None,
             timeout: float | None, stream: str | None,
             env: Mapping[str, str] | None, jax_timeouts: JaxTimeouts | None,
             token: str | None = None, tls: TLS | None = None,
             processes_per_host: int = 1, keep_warm: float | None = None,
-            init_jax: bool = True) -> RunOptions:
+            init_jax: bool = True, working_dir: str | os.PathLike | None = None
+            ) -> RunOptions:
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
@@ -158,4 +175,5 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         jax_timeouts=jt,
         keep_warm=_keep_warm(keep_warm),
         init_jax=init_jax,
+        working_dir=_working_dir(working_dir),
     )

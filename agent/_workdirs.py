@@ -1,0 +1,170 @@
+"""working_dir=: the caller's project tree, placed on this host for its jobs.
+
+The tree's files arrive as buffers of the argument cache (``_blobs``): small
+files packed in one, large ones alone. Each tree is written out once, in a
+directory named by its digest, and reused by the next job with the same tree;
+before each use, whatever an earlier job changed there (a file written,
+removed or added) is put back as the tree has it, so every job starts from the
+caller's files and nothing else (but Python's ``__pycache__``, which only
+speeds up importing the tree's own modules). The ``KEEP`` trees used last stay; older ones
+are removed (one job runs at a time on a host, and its tree is the newest).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+import threading
+
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+KEEP = 4
+
+
+def refs_of(spec: pb.JobSpec) -> list[pb.BlobRef]:
+    """Every buffer a job needs on each host: its arguments', then its tree's."""
+    return [*spec.blobs, *spec.working_dir.blobs]
+
+
+def split_paths(spec: pb.JobSpec, paths: list[str]) -> tuple[list[str], list[str]]:
+    """The cache files of ``refs_of(spec)``, as (the call's, the tree's)."""
+    return paths[:len(spec.blobs)], paths[len(spec.blobs):]
+
+
+def _safe(path: str) -> bool:
+    parts = path.split("/")
+    return bool(path) and not path.startswith("/") and "\\" not in path and \
+        all(p not in ("", ".", "..") for p in parts)
+
+
+class WorkingDirs:
+    """The trees of one host's jobs, under ``root``."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._lock = threading.Lock()
+
+    def place(self, tree: pb.WorkingDir, paths: list[str]) -> str:
+        """The directory holding ``tree`` exactly (its buffers' cache files are
+        ``paths``); "" for a job without one. Raises OSError (a full disk) and
+        ValueError (a tree that names a path outside itself)."""
+        if not tree.digest:
+            return ""
+        bad = [f.path for f in tree.files
+               if not _safe(f.path) or (f.size and f.blob >= len(paths))]
+        if bad:
+            raise ValueError(f"the working_dir names files outside itself: {bad[:3]}")
+        name = tree.digest.hex()
+        target = os.path.join(self.root, name)
+        with self._lock:
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            if os.path.isdir(target):
+                _restore(tree, paths, target, self._written(name))
+            else:
+                building = tempfile.mkdtemp(dir=self.root, prefix=".building-")
+                try:
+                    _write_all(tree, paths, building)
+                    os.rename(building, target)
+                except BaseException:
+                    shutil.rmtree(building, ignore_errors=True)
+                    raise
+            self._remember(name, target, tree)
+            self._evict(name)
+        return target
+
+    # What each file looked like when written (size, mtime): a job's change shows.
+    def _written(self, name: str) -> dict[str, list[int]]:
+        try:
+            with open(os.path.join(self.root, name + ".json")) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def _remember(self, name: str, target: str, tree: pb.WorkingDir) -> None:
+        seen = {}
+        for f in tree.files:
+            st = os.stat(os.path.join(target, f.path))
+            seen[f.path] = [st.st_size, st.st_mtime_ns]
+        with open(os.path.join(self.root, name + ".json"), "w") as out:
+            json.dump(seen, out)
+        os.utime(target)                       # its last use, for _evict
+
+    def _evict(self, keep: str) -> None:
+        trees = []
+        for entry in os.scandir(self.root):
+            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
+                trees.append((entry.stat().st_mtime, entry.name))
+            elif entry.name.startswith(".building-"):    # a build an agent died during
+                shutil.rmtree(entry.path, ignore_errors=True)
+        trees.sort(reverse=True)
+        for _, name in trees[KEEP:]:
+            if name != keep:
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+                try:
+                    os.unlink(os.path.join(self.root, name + ".json"))
+                except OSError:
+                    pass
+
+
+def _write_file(f: pb.WorkFile, paths: list[str], directory: str) -> None:
+    path = os.path.join(directory, f.path)
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    if os.path.lexists(path) and (os.path.isdir(path) and not os.path.islink(path)):
+        shutil.rmtree(path)
+    tmp = path + ".remote_tpu-writing"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755 if f.executable else 0o644)
+    try:
+        if f.size:
+            with open(paths[f.blob], "rb") as src:
+                offset, left = f.offset, f.size
+                while left:                       # in the kernel
+                    sent = os.sendfile(fd, src.fileno(), offset, left)
+                    if sent == 0:
+                        raise ValueError(f"the cached bytes of {f.path} end early")
+                    offset += sent
+                    left -= sent
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o755 if f.executable else 0o644)
+    os.replace(tmp, path)
+
+
+def _write_all(tree: pb.WorkingDir, paths: list[str], directory: str) -> None:
+    os.chmod(directory, 0o755)
+    for f in tree.files:
+        _write_file(f, paths, directory)
+
+
+def _restore(tree: pb.WorkingDir, paths: list[str], target: str,
+             written: dict[str, list[int]]) -> None:
+    """Put back what an earlier job changed in ``target``: files rewritten,
+    removed or added (and directories it made), so it holds the tree alone."""
+    wanted = {f.path: f for f in tree.files}
+    parents = {os.path.dirname(p) for p in wanted}
+    parents |= {"/".join(p.split("/")[:i]) for p in parents for i in range(len(p.split("/")))}
+    for directory, dirnames, filenames in os.walk(target, topdown=False):
+        rel_dir = os.path.relpath(directory, target).replace(os.sep, "/")
+        rel_dir = "" if rel_dir == "." else rel_dir
+        if "__pycache__" in rel_dir.split("/"):
+            continue             # Python's own cache of the tree's modules: kept
+        for name in filenames + [d for d in dirnames
+                                 if os.path.islink(os.path.join(directory, d))]:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            full = os.path.join(directory, name)
+            st = os.lstat(full)
+            f = wanted.get(rel)
+            if f is None or not stat.S_ISREG(st.st_mode) or \
+                    [st.st_size, st.st_mtime_ns] != written.get(rel) or \
+                    bool(st.st_mode & 0o100) != f.executable:
+                os.unlink(full)
+        if rel_dir and rel_dir not in parents:
+            try:
+                os.rmdir(directory)              # a directory a job made, now empty
+            except OSError:
+                pass
+    for f in tree.files:
+        if not os.path.exists(os.path.join(target, f.path)):
+            _write_file(f, paths, target)
