@@ -109,6 +109,9 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="the argument cache: large buffers of earlier calls kept for the "
                         "next, by content, least recently used out first; 0 = none "
                         "(default 8 GiB; emptied when the agent starts and stops)")
+    p.add_argument("--output-interval", type=float, default=30.0,
+                   help="seconds between uploads of a running job's output_dir= files to "
+                        "GCS (also uploaded as each process ends; default 30)")
     p.add_argument("--cache-dir", default="",
                    help="where the argument cache lives (default: in memory, under "
                         "/dev/shm, where this host has it; else in --state-dir)")
@@ -283,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.captureWarnings(True)    # e.g. a peer reached without TLS: a log line, once
     if args.simulate_devices < 0:
         parser.error("--simulate-devices must be >= 0")
+    if not 0.1 <= args.output_interval <= 86400:
+        parser.error(f"--output-interval must be 0.1 to 86400 seconds, got "
+                     f"{args.output_interval}")
     if args.cache_bytes < 0:
         parser.error(f"--cache-bytes must be >= 0, got {args.cache_bytes}")
     for flag in ("keep_jobs", "max_streams"):
@@ -325,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         max_payload_bytes=args.max_payload_bytes, max_streams=args.max_streams,
         max_log_bytes=args.max_log_bytes, max_store_bytes=args.max_store_bytes,
         spare_workers=args.spare_workers, cache_bytes=args.cache_bytes,
-        cache_dir=args.cache_dir)
+        cache_dir=args.cache_dir, output_interval=args.output_interval)
     try:
         server, port, service = create_server(config)
     except ConfigurationError as exc:

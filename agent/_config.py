@@ -41,6 +41,7 @@ class AgentConfig:
     spare_workers: int = 1              # started ahead of their job (see _spares)
     cache_bytes: int = 8 << 30          # the argument cache (see _blobs)
     cache_dir: str = ""                 # "" = /dev/shm where there is one, else state_dir
+    output_interval: float = 30.0       # seconds between uploads of output_dir= files
 
     @property
     def peer_credentials(self) -> Credentials:

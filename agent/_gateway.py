@@ -40,7 +40,7 @@ class GatewayRole:
         self._config = config
         self._host = host
         self._advertise = advertise
-        self.scheduler = Scheduler(self._make_job)
+        self.scheduler = Scheduler(self._make_job, config.output_interval)
 
     def accept(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
                context: grpc.ServicerContext) -> tuple[JobRecord, bool]:

@@ -303,6 +303,8 @@ class GatewayJob:
             report = previous
         if previous.stacks and not report.stacks:
             report.stacks = previous.stacks
+        if previous.notices and not report.notices:
+            report.notices.extend(previous.notices)
         report.preempted = report.preempted or previous.preempted
         self.reports[event.host] = report
         self.exited.add(event.host)

@@ -32,3 +32,4 @@ class Host:
     env_for: Callable[[pb.JobSpec, int, str], dict[str, str]]
     preempted: Callable[[], bool]
     workdirs: WorkingDirs
+    output_interval: float = 30.0       # seconds between uploads of output_dir= files

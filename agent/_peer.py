@@ -35,6 +35,7 @@ from ._host import Host
 from ._hostlog import StoreFull
 from ._requests import Refused, abort
 from ._runner import WorkerRun
+from ._outputs import OutputSync
 from ._store import JobRecord
 from ._workdirs import refs_of, split_paths
 from ._tpu import TpuBusy
@@ -188,6 +189,7 @@ class PeerRole:
                  spec.coordinator_address)
         self._runs[(spec.job_id, spec.process_id)] = run
         final = pb.JOB_PHASE_LOST
+        outputs = [self._outputs(spec, record)]       # the current call's
         try:
             run.start()
             threading.Thread(target=obey, daemon=True, name="peer-control").start()
@@ -205,6 +207,9 @@ class PeerRole:
                     event.exited.preempted = self._host.preempted()
                 if event.HasField("done") and event.done.warm:
                     continue        # the worker parked: its `exited` (warm) says it all
+                if event.HasField("done") or event.HasField("exited"):
+                    report = event.done if event.HasField("done") else event.exited
+                    report.notices.extend(outputs[0].finish())   # saved before it reports
                 yield event
                 if not event.HasField("exited"):
                     continue
@@ -215,8 +220,9 @@ class PeerRole:
                     return
                 self._host.blobs.unpin(pinned)      # its worker has them mapped
                 pinned.clear()
-                yield from self._next_call(run, nexts, events, record, pinned)
+                yield from self._next_call(run, nexts, events, record, pinned, outputs)
         finally:
+            outputs[0].finish()
             events.close()
             if run.parked:              # printed since the session's last call: kept here
                 for stream, data in run.parked_output():
@@ -231,8 +237,15 @@ class PeerRole:
             record.set_phase(final, "" if final != pb.JOB_PHASE_LOST else
                              "the gateway went away before this host finished")
 
+    def _outputs(self, spec: pb.JobSpec, record: JobRecord) -> OutputSync:
+        return OutputSync(spec, self._host.store.state_dir, [spec.process_id],
+                          lambda host, line: record.append_output(
+                              host, pb.OUTPUT_STREAM_STDERR, f"remote_tpu: {line}\n".encode()),
+                          self._host.output_interval).start()
+
     def _next_call(self, run: WorkerRun, nexts: queue.Queue, events: EventQueue,
-                   record: JobRecord, pinned: list[pb.BlobRef]) -> Iterator[pb.Event]:
+                   record: JobRecord, pinned: list[pb.BlobRef],
+                   outputs: list[OutputSync]) -> Iterator[pb.Event]:
         """Wait for the warm session's next call and hand it to the parked
         worker (returns at once when the session is over: the caller then sees
         no more events and ends)."""
@@ -255,6 +268,7 @@ class PeerRole:
             yield self._unplaced(run.host, exc)
             events.put(None)
             return
+        outputs[0] = self._outputs(spec, record)
         if not run.next_call(call, events.put):
             yield pb.Event(host=run.host, exited=pb.HostReport(
                 host=run.host, state=pb.HOST_STATE_DIED, exited=True,

@@ -24,17 +24,20 @@ from remote_tpu._core.states import PHASE_OF_END, phase_name
 
 from ._gateway_job import GatewayJob
 from ._hostlog import StoreFull
+from ._outputs import OutputSync
 from ._reports import bound_end
 from ._store import JobRecord
 from ._warm import WarmSession
+from ._worker_env import processes_per_host
 
 log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, make_job: Callable[[JobRecord, WarmSession | None], GatewayJob]
-                 ) -> None:
+    def __init__(self, make_job: Callable[[JobRecord, WarmSession | None], GatewayJob],
+                 output_interval: float = 30.0) -> None:
         self._make_job = make_job
+        self._output_interval = output_interval      # output_dir= uploads (_outputs)
         self._queue: collections.deque[JobRecord] = collections.deque()
         self._cond = threading.Condition()
         self._current: tuple[JobRecord, GatewayJob | None] | None = None
@@ -263,29 +266,38 @@ class Scheduler:
             job.cancel(*early)
         record.set_phase(pb.JOB_PHASE_RUNNING)
         log.info("job %s: running on %d host(s)", record.job_id, job.n)
-        for event in job.run():
-            if event.HasField("output"):
-                try:
-                    record.append_output(event.host, event.output.stream, event.output.data)
-                except StoreFull as exc:
-                    log.error("job %s: %s", record.job_id, exc.strerror)
-                    job.cancel(exc.strerror, pb.JOB_STATE_FAILED)
-            elif event.HasField("end"):
-                end = bound_end(event.end, record.job_id)
-                end.notices.extend(notices)
-                dropped = record.dropped_output()
-                if dropped:
-                    end.detail = (f"{end.detail}; " if end.detail else "") + (
-                        f"{dropped:,} bytes of output could not be stored: "
-                        f"{record.store.full_message()}")
-                finish = self._keep_warm(record, job, warm,
-                                         phase_name(PHASE_OF_END[end.state]))
-                ended = True
-                if end.state == pb.JOB_STATE_SUCCEEDED:
-                    record.keep_result(*job.result_data())
-                record.set_phase(PHASE_OF_END[end.state], end.detail, end)
-                finish()
-                log.info("job %s: %s", record.job_id, phase_name(PHASE_OF_END[end.state]))
+        outputs = OutputSync(record.spec, record.store.state_dir,   # this host's processes
+                             list(range(processes_per_host(record.spec))),
+                             lambda host, line: record.append_output(
+                                 host, pb.OUTPUT_STREAM_STDERR, f"remote_tpu: {line}\n".encode()),
+                             self._output_interval).start()
+        try:
+            for event in job.run():
+                if event.HasField("output"):
+                    try:
+                        record.append_output(event.host, event.output.stream, event.output.data)
+                    except StoreFull as exc:
+                        log.error("job %s: %s", record.job_id, exc.strerror)
+                        job.cancel(exc.strerror, pb.JOB_STATE_FAILED)
+                elif event.HasField("end"):
+                    end = bound_end(event.end, record.job_id)
+                    end.notices.extend(notices + outputs.finish() +
+                                       [n for r in end.hosts for n in r.notices])
+                    dropped = record.dropped_output()
+                    if dropped:
+                        end.detail = (f"{end.detail}; " if end.detail else "") + (
+                            f"{dropped:,} bytes of output could not be stored: "
+                            f"{record.store.full_message()}")
+                    finish = self._keep_warm(record, job, warm,
+                                             phase_name(PHASE_OF_END[end.state]))
+                    ended = True
+                    if end.state == pb.JOB_STATE_SUCCEEDED:
+                        record.keep_result(*job.result_data())
+                    record.set_phase(PHASE_OF_END[end.state], end.detail, end)
+                    finish()
+                    log.info("job %s: %s", record.job_id, phase_name(PHASE_OF_END[end.state]))
+        finally:
+            outputs.finish()           # (a job that ended without its report)
         return ended
 
 

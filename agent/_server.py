@@ -36,11 +36,12 @@ from ._gateway import GatewayRole
 from ._guard import TokenInterceptor
 from ._host import Host
 from ._job_views import JobViews, result, status_of, watch
+from ._outputs import output_env, own_files, slice_files
 from ._peer import PeerRole
 from ._blobs import BlobCache
 from ._cache_dir import default_dir
 from ._reports import bound_stacks
-from ._requests import abort, checked_spec, gateway_redirect
+from ._requests import abort, checked_spec, gateway_redirect, valid_job_id
 from ._slice_queries import SliceQueries
 from ._slots import RESERVE_THREADS, Slots
 from ._store import JobStore
@@ -75,7 +76,8 @@ class AgentService(pb_grpc.AgentServicer):
                     spares=self.spares,
                     endpoint=lambda: self.endpoint, env_for=self._env_for,
                     preempted=self.preempted,
-                    workdirs=WorkingDirs(os.path.join(self.state_dir, "workdirs")))
+                    workdirs=WorkingDirs(os.path.join(self.state_dir, "workdirs")),
+                    output_interval=config.output_interval)
         self.gateway = GatewayRole(config=config, host=host, advertise=self.address)
         self.scheduler = self.gateway.scheduler
         self.peer = PeerRole(host)
@@ -93,9 +95,10 @@ class AgentService(pb_grpc.AgentServicer):
         return join_host_port(self.address, self.port)
 
     def _env_for(self, spec: pb.JobSpec, process_id: int, coordinator: str) -> dict[str, str]:
-        return worker_env(self._worker_base_env, spec=spec, process_id=process_id,
-                          coordinator=coordinator,
-                          simulate_devices=self.config.simulate_devices)
+        return {**worker_env(self._worker_base_env, spec=spec, process_id=process_id,
+                             coordinator=coordinator,
+                             simulate_devices=self.config.simulate_devices),
+                **output_env(spec, self.state_dir, process_id)}
 
     def _spec(self, requests: Iterator[pb.RunRequest], context: grpc.ServicerContext,
               role: int | None) -> pb.JobSpec:
@@ -185,6 +188,21 @@ class AgentService(pb_grpc.AgentServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"job {record.job_id} has not finished yet")
         yield from self._in_slot(self.streams, context, result(record))
+
+    def OutputFiles(self, request: pb.OutputsRequest, context: grpc.ServicerContext
+                    ) -> Iterator[pb.OutputChunk]:
+        if request.this_host:             # a gateway asking its peer for this host's part
+            if not valid_job_id(request.job_id):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not a job id")
+            yield from own_files(self.state_dir, request.job_id)
+            return
+        record = self.jobs.known(request.job_id, context)
+        if not record.finished:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"job {record.job_id} has not finished yet: its output files "
+                          "are collected once it has")
+        yield from self._in_slot(self.streams, context, slice_files(
+            self.state_dir, record.spec, self.config.peer_credentials))
 
     def Status(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.JobStatus:
         return status_of(self.jobs.known(request.job_id, context))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -205,7 +206,8 @@ class JobStore:
         total = 0
         for i, (job_id, role, size, kept) in enumerate(rows):
             if size is None:            # measured once: a finished job's files stay as they are
-                size = _tree_size(self._dir(job_id, role))
+                size = _tree_size(self._dir(job_id, role)) + \
+                    _tree_size(self._outputs_dir(job_id))
                 try:
                     self._sql("UPDATE jobs SET bytes = ? WHERE job_id = ? AND role = ?",
                               (size, job_id, role))
@@ -247,6 +249,11 @@ class JobStore:
             log.warning("job %s: cannot delete its record: %s", job_id, exc)
             return
         shutil.rmtree(self._dir(job_id, role), ignore_errors=True)
+        shutil.rmtree(self._outputs_dir(job_id), ignore_errors=True)
+
+    def _outputs_dir(self, job_id: str) -> str:
+        """A job's output_dir= files on this host (a peer's record is JOB.pN)."""
+        return os.path.join(self.state_dir, "outputs", re.sub(r"\.p\d+$", "", job_id))
 
     def close(self) -> None:
         with self._db_lock:

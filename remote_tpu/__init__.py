@@ -24,6 +24,7 @@ _LAZY = {
     "JobHandle": "._jobs", "JobStatus": "._jobs", "attach": "._jobs", "jobs": "._jobs",
     "release": "._jobs",
     "JaxTimeouts": "._options",
+    "output_dir": "._output_files",
     "Topology": "._core.topology",
     "__version__": "._core.versions",
 }
@@ -35,6 +36,7 @@ if _TYPE_CHECKING:
     from ._decorator import RemoteFunction, run
     from ._jobs import JobHandle, JobStatus, attach, jobs, release
     from ._options import JaxTimeouts
+    from ._output_files import output_dir
 
 
 def __getattr__(name: str) -> object:
@@ -70,6 +72,7 @@ __all__ = [
     "__version__",
     "attach",
     "jobs",
+    "output_dir",
     "release",
     "run",
     "state",

@@ -97,6 +97,8 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) ->
         payload_digest=payload.digest(), processes_per_host=options.processes_per_host,
         keep_warm_seconds=options.keep_warm, client_id=client_id(),
         skip_jax_init=not options.init_jax, working_dir=tree,
+        output_dir=options.output_dir if options.output_dir.startswith("gs://") else "",
+        collect_outputs=bool(options.output_dir) and not options.output_dir.startswith("gs://"),
     )
 
 
@@ -117,15 +119,21 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
         job_id = spec.job_id
         stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
     label = "process" if options.processes_per_host > 1 else "host"
+    interrupted = False
     try:
         return outcome(stream, OutputRenderer(options.stream, label), gateway=target.gateway,
                        job_id=job_id, accelerator=options.topology.name)
     except KeyboardInterrupt:
+        interrupted = True
         if options.keep_warm:
             print(f"remote_tpu: job {job_id} was cancelled on every host; the warm workers "
                   "were stopped with it (remote_tpu.state is gone: the next call starts "
                   "fresh)", file=sys.stderr, flush=True)
         raise
+    finally:
+        if spec.collect_outputs and not interrupted:    # the job's files, failed or not
+            from ._output_files import collect
+            collect(target, job_id, options.output_dir)
 
 
 _warm_targets: dict[tuple[str, Any], Target] = {}
@@ -199,4 +207,5 @@ def submit(options: RunOptions, payload: Payload, job_id: str) -> JobHandle:
         spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target)
         job_id = spec.job_id
         send()
-    return JobHandle(job_id, target, accelerator=options.topology.name)
+    return JobHandle(job_id, target, accelerator=options.topology.name,
+                     output_dir=options.output_dir)

@@ -88,6 +88,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         keep_warm: float | None = None,
         init_jax: bool = True,
         working_dir: str | os.PathLike | None = None,
+        output_dir: str | os.PathLike | None = None,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -124,6 +125,14 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         most 512 MiB; only files a host lacks are sent, so an unchanged tree
         costs nothing on the next call. Each call starts from the tree as sent
         (what a call wrote there is gone): write outputs elsewhere.
+    output_dir: ``gs://bucket/prefix`` or a local directory
+        (``REMOTE_TPU_OUTPUT_DIR``): each process writes to
+        ``remote_tpu.output_dir()`` (its own, saved under ``host_{i}/``) or
+        ``remote_tpu.output_dir(shared=True)`` (saved at the top), and the files
+        land in ``{output_dir}/{job_id}/``: uploaded to GCS by each host while
+        the job runs (every 30 s, and as each process ends, failed ones too), or
+        brought back to this machine's directory when the call ends
+        (``handle.outputs()`` for a submitted job).
     """
     if fn is not None:
         raise ConfigurationError(
@@ -133,7 +142,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
     options = resolve(accelerator=accelerator, hosts=hosts, timeout=timeout, stream=stream,
                       env=env, jax_timeouts=jax_timeouts, token=token, tls=tls,
                       processes_per_host=processes_per_host, keep_warm=keep_warm,
-                      init_jax=init_jax, working_dir=working_dir)
+                      init_jax=init_jax, working_dir=working_dir, output_dir=output_dir)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -60,10 +61,28 @@ class JobHandle:
     reach the gateway and holds the slice's token.
     """
 
-    def __init__(self, job_id: str, target: Target, *, accelerator: str = "") -> None:
+    def __init__(self, job_id: str, target: Target, *, accelerator: str = "",
+                 output_dir: str = "") -> None:
         self._id = job_id
         self._target = target
         self._accelerator = accelerator
+        self._output_dir = output_dir
+
+    def outputs(self, to: str | None = None) -> list[str]:
+        """The job's output files (``output_dir=``): its objects' gs:// URIs, or,
+        for a local directory, the files once brought from every host to
+        ``{output_dir}/{job_id}/`` (the job must have finished). ``to``: the
+        job's output_dir, for a handle from ``attach`` (which does not know it)."""
+        from . import _output_files
+
+        where = to or self._output_dir
+        if not where:
+            raise ConfigurationError(f"job {self._id}: this handle does not know the job's "
+                                     "output_dir; pass it: handle.outputs(to='gs://...' or a "
+                                     "local directory)")
+        if where.startswith("gs://"):
+            return _output_files.list_gcs(where, self._id)
+        return _output_files.collect(self._target, self._id, os.path.abspath(where))
 
     @property
     def id(self) -> str:

@@ -43,6 +43,7 @@ class RunOptions:
     keep_warm: float = 0.0            # seconds the workers stay after a call; 0 = none
     init_jax: bool = True             # False: no jax import, no jax.distributed
     working_dir: str = ""             # absolute; "" = none
+    output_dir: str = ""              # gs://bucket/prefix, or an absolute local path; "" = none
 
     @property
     def local(self) -> bool:
@@ -109,13 +110,42 @@ def _working_dir(value: str | os.PathLike | None) -> str:
     return path
 
 
+def _output_dir(value: str | os.PathLike | None) -> str:
+    """``output_dir=``: ``gs://bucket[/prefix]`` or a local directory, made if
+    missing (``REMOTE_TPU_OUTPUT_DIR``)."""
+    if value is None:
+        value = _from_env("REMOTE_TPU_OUTPUT_DIR")
+        if value is None:
+            return ""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigurationError(f"output_dir= must be gs://bucket/prefix or a local "
+                                 f"directory, got {value!r}")
+    text = os.fspath(value)
+    if text.startswith("gs://"):
+        bucket = text[len("gs://"):].split("/", 1)[0]
+        if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]", bucket):
+            raise ConfigurationError(f"output_dir={text!r}: {bucket!r} is not a bucket name "
+                                     "(write gs://BUCKET/PREFIX)")
+        return text.rstrip("/")
+    if "://" in text:
+        raise ConfigurationError(f"output_dir={text!r}: only gs:// URIs and local directories "
+                                 "are supported")
+    path = os.path.abspath(os.path.expanduser(text))
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ConfigurationError(f"output_dir={text!r}: cannot make {path}: "
+                                 f"{exc.strerror}") from None
+    return path
+
+
 def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | None,
             timeout: float | None, stream: str | None,
             env: Mapping[str, str] | None, jax_timeouts: JaxTimeouts | None,
             token: str | None = None, tls: TLS | None = None,
             processes_per_host: int = 1, keep_warm: float | None = None,
-            init_jax: bool = True, working_dir: str | os.PathLike | None = None
-            ) -> RunOptions:
+            init_jax: bool = True, working_dir: str | os.PathLike | None = None,
+            output_dir: str | os.PathLike | None = None) -> RunOptions:
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
@@ -176,4 +206,5 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         keep_warm=_keep_warm(keep_warm),
         init_jax=init_jax,
         working_dir=_working_dir(working_dir),
+        output_dir=_output_dir(output_dir),
     )

@@ -424,7 +424,7 @@ class RemoteException(_message.Message):
     def __init__(self, type_name: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., pickled: _Optional[bytes] = ...) -> None: ...
 
 class HostReport(_message.Message):
-    __slots__ = ("host", "state", "exit_code", "signal", "detail", "last_lines", "exception", "finished_at", "exited", "stacks", "preempted", "warm")
+    __slots__ = ("host", "state", "exit_code", "signal", "detail", "last_lines", "exception", "finished_at", "exited", "stacks", "preempted", "warm", "notices")
     HOST_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -437,6 +437,7 @@ class HostReport(_message.Message):
     STACKS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     WARM_FIELD_NUMBER: _ClassVar[int]
+    NOTICES_FIELD_NUMBER: _ClassVar[int]
     host: int
     state: HostState
     exit_code: int
@@ -449,7 +450,8 @@ class HostReport(_message.Message):
     stacks: str
     preempted: bool
     warm: bool
-    def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ..., stacks: _Optional[str] = ..., preempted: _Optional[bool] = ..., warm: _Optional[bool] = ...) -> None: ...
+    notices: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ..., stacks: _Optional[str] = ..., preempted: _Optional[bool] = ..., warm: _Optional[bool] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobEnd(_message.Message):
     __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_digest", "notices")
@@ -498,3 +500,25 @@ class Event(_message.Message):
     queued: JobStatus
     result_size: int
     def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., queued: _Optional[_Union[JobStatus, _Mapping]] = ..., result_size: _Optional[int] = ...) -> None: ...
+
+class OutputsRequest(_message.Message):
+    __slots__ = ("job_id", "this_host")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    THIS_HOST_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    this_host: bool
+    def __init__(self, job_id: _Optional[str] = ..., this_host: _Optional[bool] = ...) -> None: ...
+
+class OutputChunk(_message.Message):
+    __slots__ = ("path", "size", "offset", "data", "error")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    offset: int
+    data: bytes
+    error: str
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., error: _Optional[str] = ...) -> None: ...

@@ -101,6 +101,11 @@ class AgentStub:
                 request_serializer=remote__tpu__pb2.BlobChunk.SerializeToString,
                 response_deserializer=remote__tpu__pb2.BlobStored.FromString,
                 _registered_method=True)
+        self.OutputFiles = channel.unary_stream(
+                '/remote_tpu.v1.Agent/OutputFiles',
+                request_serializer=remote__tpu__pb2.OutputsRequest.SerializeToString,
+                response_deserializer=remote__tpu__pb2.OutputChunk.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -205,6 +210,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OutputFiles(self, request, context):
+        """output_dir= a directory on the client: the job's output files, from every
+        host (a gateway asks its peers; with this_host, only this agent's own).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -272,6 +285,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.PutBlob,
                     request_deserializer=remote__tpu__pb2.BlobChunk.FromString,
                     response_serializer=remote__tpu__pb2.BlobStored.SerializeToString,
+            ),
+            'OutputFiles': grpc.unary_stream_rpc_method_handler(
+                    servicer.OutputFiles,
+                    request_deserializer=remote__tpu__pb2.OutputsRequest.FromString,
+                    response_serializer=remote__tpu__pb2.OutputChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -627,6 +645,33 @@ class Agent:
             '/remote_tpu.v1.Agent/PutBlob',
             remote__tpu__pb2.BlobChunk.SerializeToString,
             remote__tpu__pb2.BlobStored.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OutputFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/OutputFiles',
+            remote__tpu__pb2.OutputsRequest.SerializeToString,
+            remote__tpu__pb2.OutputChunk.FromString,
             options,
             channel_credentials,
             insecure,

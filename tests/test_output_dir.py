@@ -1,0 +1,157 @@
+"""output_dir=: every process's files saved to GCS (a real emulator) while the
+job runs and as it ends, failed jobs included; or brought back to a local
+directory on the client."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+import remote_tpu
+from remote_tpu._core.exceptions import ConfigurationError
+
+from conftest import Agents, wait_until
+from gcs_emulator import GcsEmulator
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    with GcsEmulator() as emulator:
+        saved = {k: os.environ.get(k) for k in emulator.env()}
+        os.environ.update(emulator.env())          # the agents (and this client) use it
+        try:
+            yield emulator
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def agents(gcs):
+    a = Agents(2, extra=["--output-interval", "0.3"])
+    yield a
+    a.stop()
+
+
+def _on(agents, output_dir, **kw):
+    return remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0],
+                          token=agents.token, init_jax=False, stream="none",
+                          output_dir=output_dir, **kw)
+
+
+def _objects(gcs, bucket: str, prefix: str = "") -> dict[str, bytes]:
+    return {b.name: b.download_as_bytes()
+            for b in gcs.client().list_blobs(bucket, prefix=prefix)}
+
+
+def _write_outputs(fail: bool = False):
+    import os
+
+    import remote_tpu
+    i = os.environ["JAX_PROCESS_ID"]
+    own = remote_tpu.output_dir()
+    os.makedirs(os.path.join(own, "ckpt"), exist_ok=True)
+    with open(os.path.join(own, "ckpt", "step_1.bin"), "wb") as f:
+        f.write(bytes([int(i)]) * 1000)
+    open(os.path.join(own, "empty.txt"), "w").close()
+    if i == "0":
+        with open(os.path.join(remote_tpu.output_dir(shared=True), "summary.json"), "w") as f:
+            f.write('{"loss": 0.5}')
+    if fail and i == "1":
+        import time
+        time.sleep(1.5)               # host 0 has written its files and returned by then
+        raise RuntimeError("host 1 broke after writing")
+    return i
+
+
+def test_every_hosts_files_land_under_the_job_id(gcs, agents):
+    gcs.make_bucket("runs")
+    handle = _on(agents, "gs://runs/exp/")(_write_outputs).submit()
+    assert handle.result(timeout=60) == "0"
+    got = _objects(gcs, "runs")
+    job = f"exp/{handle.id}"
+    assert got == {f"{job}/host_0/ckpt/step_1.bin": b"\0" * 1000,
+                   f"{job}/host_1/ckpt/step_1.bin": b"\1" * 1000,
+                   f"{job}/host_0/empty.txt": b"", f"{job}/host_1/empty.txt": b"",
+                   f"{job}/summary.json": b'{"loss": 0.5}'}
+    assert handle.outputs() == sorted(f"gs://runs/{name}" for name in got)
+
+
+def test_a_job_that_fails_after_writing_still_saves_its_files(gcs, agents):
+    gcs.make_bucket("fails")
+    with pytest.raises(RuntimeError, match="host 1 broke"):
+        _on(agents, "gs://fails")(_write_outputs)(True)
+    names = set(_objects(gcs, "fails"))
+    assert {n.split("/", 1)[1] for n in names} >= {"host_0/ckpt/step_1.bin",
+                                                   "host_1/ckpt/step_1.bin", "summary.json"}
+
+
+def test_files_are_saved_while_the_job_runs(gcs, agents, tmp_path):
+    gcs.make_bucket("live")
+    go_on = str(tmp_path / "go-on")
+
+    def slow(marker):
+        import os
+        import time
+
+        import remote_tpu
+        with open(os.path.join(remote_tpu.output_dir(), "early.txt"), "w") as f:
+            f.write("written at the start")
+        deadline = time.time() + 60
+        while not os.path.exists(marker) and time.time() < deadline:
+            time.sleep(0.05)
+        return os.path.exists(marker)
+
+    handle = _on(agents, "gs://live/run")(slow).submit(go_on)
+    assert wait_until(lambda: any(n.endswith("host_0/early.txt")
+                                  for n in _objects(gcs, "live")), timeout=30)
+    assert handle.status().state == "RUNNING"                  # seen mid-job
+    open(go_on, "w").close()
+    assert handle.result(timeout=60) is True
+
+
+def test_a_missing_bucket_is_said_with_what_to_do(gcs, agents, capfd):
+    assert _on(agents, "gs://no-such-bucket/x")(_write_outputs)() == "0"
+    err = capfd.readouterr().err
+    assert "could not upload output gs://no-such-bucket/x/" in err
+    assert "bucket no-such-bucket does not exist" in err
+    assert "/host_1/ckpt/step_1.bin" in err                    # a peer's problem too
+
+
+def test_a_local_output_dir_gets_every_hosts_files_back(agents, tmp_path):
+    out = tmp_path / "outputs"
+    fn = _on(agents, str(out))(_write_outputs)
+    assert fn() == "0"
+    (job,) = os.listdir(out)
+    files = sorted(os.path.relpath(os.path.join(d, f), out / job)
+                   for d, _, fs in os.walk(out / job) for f in fs)
+    assert files == ["host_0/ckpt/step_1.bin", "host_0/empty.txt", "host_1/ckpt/step_1.bin",
+                     "host_1/empty.txt", "summary.json"]
+    assert (out / job / "host_1" / "ckpt" / "step_1.bin").read_bytes() == b"\1" * 1000
+    with pytest.raises(RuntimeError):                          # failed: collected all the same
+        fn(True)
+    assert len(os.listdir(out)) == 2
+    handle = fn.submit()
+    handle.result(timeout=60)
+    assert any(p.endswith("summary.json") for p in handle.outputs())
+    assert os.path.isfile(out / handle.id / "host_0" / "ckpt" / "step_1.bin")
+
+
+def test_bad_output_dirs_and_output_dir_outside_a_job(agents, tmp_path):
+    for bad, words in (("s3://bucket/x", "only gs://"), ("gs://Bad_Bucket/x", "not a bucket"),
+                       (42, "must be gs://")):
+        with pytest.raises(ConfigurationError, match=words):
+            _on(agents, bad)
+    with pytest.raises(ConfigurationError, match="output_dir= set"):
+        remote_tpu.output_dir()
+    started = time.time()
+    assert _on(agents, None)(lambda: __import__("os").environ.get(
+        "REMOTE_TPU_OUTPUT_DIR"))() is None                     # none asked for: none made
+    assert time.time() - started < 60
