@@ -27,6 +27,8 @@ class Call:
     blobs: list[str] = dataclasses.field(default_factory=list)   # its large buffers' files
     result_dir: str = ""      # where a large value goes ("" = job_dir)
     working_dir: str = ""     # working_dir=: the call's cwd, on sys.path ("" = none)
+    data: dict[str, str] = dataclasses.field(default_factory=dict)   # Data trees: digest -> copy
+    gcs_data: list[str] = dataclasses.field(default_factory=list)    # gs:// Data to fetch
 
     def send(self, fd: int, env_changes: Mapping[str, str], warm: bool) -> None:
         """Write the call to a worker's control pipe (``warm``: the worker stays,
@@ -36,7 +38,7 @@ class Call:
             "job_dir": self.job_dir, "env": dict(env_changes), "digest": self.digest,
             "blobs": self.blobs, "result_dir": self.result_dir,
             "payload_path": "" if inline else self.payload, "warm": warm,
-            "working_dir": self.working_dir,
+            "working_dir": self.working_dir, "data": self.data, "gcs_data": self.gcs_data,
         }, self.payload if inline else b"")
 
 

@@ -27,7 +27,7 @@ from ._job_views import result as result_events
 from ._requests import Refused, abort, hosts_for
 from ._scheduler import Scheduler
 from ._store import JobRecord
-from ._workdirs import refs_of, split_paths
+from ._workdirs import place_job, refs_of
 from ._warm import WarmSession
 from ._worker_pipe import INLINE_BYTES
 from ._worker_env import num_processes
@@ -115,14 +115,14 @@ class GatewayRole:
 
     def _make_job(self, record: JobRecord, warm: WarmSession | None) -> GatewayJob:
         spec = record.spec
-        call_paths, tree_paths = split_paths(spec, record.blob_paths)
         try:
-            tree = self._host.workdirs.place(spec.working_dir, tree_paths)
+            call_paths, tree, data = place_job(self._host.workdirs, spec, record.blob_paths)
         except (OSError, ValueError) as exc:
-            raise RuntimeError(f"cannot place the job's working_dir on host 0 "
+            raise RuntimeError(f"cannot place the job's working_dir or data on host 0 "
                                f"({self._host.endpoint()}): {exc}") from exc
         return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
                           payload=record.payload, blob_paths=call_paths, working_dir=tree,
+                          data=data,
                           blobs=self._host.blobs,
                           advertise=self._advertise,
                           peer_credentials=self._config.peer_credentials, tpu=self._host.tpu,

@@ -68,7 +68,8 @@ class GatewayJob:
                  peer_credentials: Credentials, tpu: TpuGuard | None = None,
                  preempted=lambda: False, warm: WarmSession | None = None,
                  spares: Spares | None = None, blob_paths: Sequence[str] = (),
-                 blobs: BlobCache | None = None, working_dir: str = "") -> None:
+                 blobs: BlobCache | None = None, working_dir: str = "",
+                 data: dict[str, str] | None = None) -> None:
         self.tpu = tpu
         self._preempted = preempted
         self.spec = spec
@@ -95,7 +96,8 @@ class GatewayJob:
                 os.makedirs(directory, exist_ok=True)
             call = Call(job_dir=directory, env=env_for(k, self.coordinator), payload=payload,
                         digest=spec.payload_digest.hex(), blobs=list(blob_paths),
-                        working_dir=working_dir,
+                        working_dir=working_dir, data=data or {},
+                        gcs_data=list(spec.gcs_data),
                         result_dir=blobs.results_dir if blobs is not None and not k else "")
             self._local_calls.append(call)
             if not warm:

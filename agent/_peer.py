@@ -37,7 +37,7 @@ from ._requests import Refused, abort
 from ._runner import WorkerRun
 from ._outputs import OutputSync
 from ._store import JobRecord
-from ._workdirs import refs_of, split_paths
+from ._workdirs import place_job, refs_of
 from ._tpu import TpuBusy
 
 log = logging.getLogger(__name__)
@@ -115,11 +115,11 @@ class PeerRole:
     def _call(self, spec: pb.JobSpec, payload: bytes | str, record: JobRecord,
               blob_paths: list[str]) -> Call:
         """The worker's call (its tree placed here first: OSError, ValueError)."""
-        call_paths, tree_paths = split_paths(spec, blob_paths)
+        call_paths, working_dir, data = place_job(self._host.workdirs, spec, blob_paths)
         return Call(job_dir=record.dir, payload=payload, digest=spec.payload_digest.hex(),
                     env=self._host.env_for(spec, spec.process_id, spec.coordinator_address),
-                    blobs=call_paths,
-                    working_dir=self._host.workdirs.place(spec.working_dir, tree_paths))
+                    blobs=call_paths, working_dir=working_dir, data=data,
+                    gcs_data=list(spec.gcs_data))
 
     def _unplaced(self, host: int, exc: BaseException) -> pb.Event:
         return pb.Event(host=host, exited=pb.HostReport(

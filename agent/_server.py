@@ -98,7 +98,8 @@ class AgentService(pb_grpc.AgentServicer):
         return {**worker_env(self._worker_base_env, spec=spec, process_id=process_id,
                              coordinator=coordinator,
                              simulate_devices=self.config.simulate_devices),
-                **output_env(spec, self.state_dir, process_id)}
+                **output_env(spec, self.state_dir, process_id),
+                "REMOTE_TPU_GCS_CACHE": os.path.join(self.state_dir, "gcs-data")}
 
     def _spec(self, requests: Iterator[pb.RunRequest], context: grpc.ServicerContext,
               role: int | None) -> pb.JobSpec:

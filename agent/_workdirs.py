@@ -25,13 +25,29 @@ KEEP = 4
 
 
 def refs_of(spec: pb.JobSpec) -> list[pb.BlobRef]:
-    """Every buffer a job needs on each host: its arguments', then its tree's."""
-    return [*spec.blobs, *spec.working_dir.blobs]
+    """Every buffer a job needs on each host: its arguments', then its working
+    dir's, then each local remote_tpu.Data tree's."""
+    return [*spec.blobs, *spec.working_dir.blobs, *(b for t in spec.data for b in t.blobs)]
 
 
-def split_paths(spec: pb.JobSpec, paths: list[str]) -> tuple[list[str], list[str]]:
-    """The cache files of ``refs_of(spec)``, as (the call's, the tree's)."""
-    return paths[:len(spec.blobs)], paths[len(spec.blobs):]
+def place_job(dirs: WorkingDirs, spec: pb.JobSpec, paths: list[str]
+              ) -> tuple[list[str], str, dict[str, str]]:
+    """A job's trees on this host, from the cache files of ``refs_of(spec)``:
+    (the call's own buffers' files, its working dir's copy or "", each Data
+    tree's copy by digest). Raises OSError and ValueError."""
+    n = len(spec.blobs)
+    call, rest = paths[:n], paths[n:]
+    k = len(spec.working_dir.blobs)
+    working_dir = dirs.place(spec.working_dir, rest[:k], evict=False)
+    rest = rest[k:]
+    data = {}
+    for tree in spec.data:
+        data[tree.digest.hex()] = dirs.place(tree, rest[:len(tree.blobs)], evict=False)
+        rest = rest[len(tree.blobs):]
+    placed = {os.path.basename(p) for p in [working_dir, *data.values()] if p}
+    if placed:
+        dirs.evict(placed)
+    return call, working_dir, data
 
 
 def _safe(path: str) -> bool:
@@ -45,9 +61,9 @@ class WorkingDirs:
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
-    def place(self, tree: pb.WorkingDir, paths: list[str]) -> str:
+    def place(self, tree: pb.WorkingDir, paths: list[str], evict: bool = True) -> str:
         """The directory holding ``tree`` exactly (its buffers' cache files are
         ``paths``); "" for a job without one. Raises OSError (a full disk) and
         ValueError (a tree that names a path outside itself)."""
@@ -72,7 +88,8 @@ class WorkingDirs:
                     shutil.rmtree(building, ignore_errors=True)
                     raise
             self._remember(name, target, tree)
-            self._evict(name)
+            if evict:
+                self.evict({name})
         return target
 
     # What each file looked like when written (size, mtime): a job's change shows.
@@ -90,9 +107,14 @@ class WorkingDirs:
             seen[f.path] = [st.st_size, st.st_mtime_ns]
         with open(os.path.join(self.root, name + ".json"), "w") as out:
             json.dump(seen, out)
-        os.utime(target)                       # its last use, for _evict
+        os.utime(target)                       # its last use, for evict
 
-    def _evict(self, keep: str) -> None:
+    def evict(self, keep: set[str]) -> None:
+        """Remove the trees used longest ago beyond KEEP (never those of ``keep``)."""
+        with self._lock:
+            self._evict(keep)
+
+    def _evict(self, keep: set[str]) -> None:
         trees = []
         for entry in os.scandir(self.root):
             if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
@@ -100,8 +122,8 @@ class WorkingDirs:
             elif entry.name.startswith(".building-"):    # a build an agent died during
                 shutil.rmtree(entry.path, ignore_errors=True)
         trees.sort(reverse=True)
-        for _, name in trees[KEEP:]:
-            if name != keep:
+        for _, name in trees[max(KEEP, len(keep)):]:
+            if name not in keep:
                 shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
                 try:
                     os.unlink(os.path.join(self.root, name + ".json"))

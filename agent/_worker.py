@@ -259,6 +259,13 @@ def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
     phase = "entering the working_dir"
     try:
         _enter_working_dir(header.get("working_dir", ""))
+        from remote_tpu._core import data_paths
+        data_paths.placed.clear()
+        data_paths.placed.update(header.get("data", {}))
+        data_paths.fetched.clear()
+        for uri in header.get("gcs_data", ()):
+            phase = f"fetching remote_tpu.Data({uri!r}) to this host"
+            data_paths.fetched[uri] = data_paths.fetch(uri)
         phase = "loading the function and its arguments"
         data = _load(header, blob)
         if digests.of(data).hex() != header.get("digest"):

@@ -43,10 +43,13 @@ from . import _worker
 
 # What of the agent's own environment a worker sees: what a Python program needs
 # to run, and what configures the accelerator stack. Nothing else (the agent's
-# token least of all) unless the agent is started with --pass-env NAME.
+# token least of all) unless the agent is started with --pass-env NAME. Where
+# Google Cloud Storage is and which project (remote_tpu.Data fetches with them)
+# pass; a credentials file does not (a TPU VM's come from its metadata server).
 _PASSED_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
     "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
+    "GOOGLE_CLOUD_PROJECT", "STORAGE_EMULATOR_HOST",
 })
 _PASSED_PREFIXES = ("LC_", "TPU_", "JAX_", "XLA_", "LIBTPU_", "CLOUD_TPU_", "TF_CPP_",
                     "OPENBLAS_", "OMP_", "MKL_")

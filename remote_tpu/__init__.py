@@ -20,6 +20,7 @@ from ._state import state  # a dict a warm worker keeps between calls (see _stat
 # unpickle a function) pays for gRPC and protobuf only if the function does.
 _LAZY = {
     "TLS": "._core.auth",
+    "Data": "._data",
     "RemoteFunction": "._decorator", "run": "._decorator",
     "JobHandle": "._jobs", "JobStatus": "._jobs", "attach": "._jobs", "jobs": "._jobs",
     "release": "._jobs",
@@ -33,6 +34,7 @@ if _TYPE_CHECKING:
     from ._core.auth import TLS
     from ._core.topology import Topology
     from ._core.versions import __version__
+    from ._data import Data
     from ._decorator import RemoteFunction, run
     from ._jobs import JobHandle, JobStatus, attach, jobs, release
     from ._options import JaxTimeouts
@@ -56,6 +58,7 @@ __all__ = [
     "AgentUnavailableError",
     "AuthenticationError",
     "ConfigurationError",
+    "Data",
     "JaxTimeouts",
     "JobFailedError",
     "JobHandle",

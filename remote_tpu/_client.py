@@ -16,6 +16,7 @@ import grpc
 
 from . import _blobs as blobs
 from ._core.channels import BlobsMissing
+from ._core.exceptions import ConfigurationError
 from ._core.limits import INLINE_BYTES
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
@@ -85,6 +86,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) ->
     if options.working_dir:
         from . import _workdir
         tree = _workdir.prepare(target, options.working_dir)
+    data = _data_trees(target, payload)
     return pb.JobSpec(
         client_versions=versions_pb(), job_id=job_id, accelerator=topology.name,
         num_hosts=topology.hosts, role=pb.ROLE_GATEWAY, hosts=target.hosts,
@@ -99,7 +101,31 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) ->
         skip_jax_init=not options.init_jax, working_dir=tree,
         output_dir=options.output_dir if options.output_dir.startswith("gs://") else "",
         collect_outputs=bool(options.output_dir) and not options.output_dir.startswith("gs://"),
+        data=data, gcs_data=list(dict.fromkeys(getattr(payload, "data", None).gcs
+                                               if getattr(payload, "data", None) else [])),
     )
+
+
+def _data_trees(target: Target, payload: Payload) -> list[pb.WorkingDir]:
+    """The call's local remote_tpu.Data: staged to GCS (unless there already),
+    or sent to the gateway's argument cache (what it lacks); their trees."""
+    met = getattr(payload, "data", None)
+    if met is None:
+        return []
+    if met.staged:
+        from ._data import stage
+        for data, where in met.staged:
+            stage(data, where)
+    trees = []
+    for tree, buffers in met.trees:
+        if buffers and not blobs.send_buffers(target, list(tree.blobs),
+                                              [b.data for b in buffers]):
+            raise ConfigurationError(
+                f"the agent at {target.gateway} cannot keep a remote_tpu.Data argument "
+                f"({sum(b.size for b in buffers):,} bytes) in its argument cache: start the "
+                "agents with a larger --cache-bytes, or pass staging='gs://bucket/prefix'")
+        trees.append(tree)
+    return trees
 
 
 def call(options: RunOptions, payload: Payload, job_id: str) -> Any:

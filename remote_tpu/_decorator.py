@@ -50,9 +50,16 @@ class RemoteFunction(Generic[P, R]):
         pickles it again with them inside, for a slice that cannot cache them."""
         from ._blobs import BLOB_MIN
         from ._core.serialization import dumps_call
+        from ._data import collecting
 
-        payload = dumps_call(self._fn, args, kwargs, blob_min=BLOB_MIN)
-        payload.inline = lambda: dumps_call(self._fn, args, kwargs)
+        def pickled(blob_min: int | None) -> Payload:
+            with collecting(self.options.staging) as met:  # its remote_tpu.Data, as met
+                payload = dumps_call(self._fn, args, kwargs, blob_min=blob_min)
+            payload.data = met
+            return payload
+
+        payload = pickled(BLOB_MIN)
+        payload.inline = lambda: pickled(None)
         return payload
 
     def release(self) -> bool:
@@ -89,6 +96,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         init_jax: bool = True,
         working_dir: str | os.PathLike | None = None,
         output_dir: str | os.PathLike | None = None,
+        staging: str | None = None,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -133,6 +141,10 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         the job runs (every 30 s, and as each process ends, failed ones too), or
         brought back to this machine's directory when the call ends
         (``handle.outputs()`` for a submitted job).
+    staging: ``gs://bucket/prefix`` (``REMOTE_TPU_STAGING``): local
+        ``remote_tpu.Data`` arguments are uploaded there once, under their
+        digest, and every host downloads them from there; without it they go
+        through the gateway, by content.
     """
     if fn is not None:
         raise ConfigurationError(
@@ -142,7 +154,8 @@ def run(fn: Callable[..., Any] | None = None, /, *,
     options = resolve(accelerator=accelerator, hosts=hosts, timeout=timeout, stream=stream,
                       env=env, jax_timeouts=jax_timeouts, token=token, tls=tls,
                       processes_per_host=processes_per_host, keep_warm=keep_warm,
-                      init_jax=init_jax, working_dir=working_dir, output_dir=output_dir)
+                      init_jax=init_jax, working_dir=working_dir, output_dir=output_dir,
+                      staging=staging)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

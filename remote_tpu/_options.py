@@ -44,6 +44,7 @@ class RunOptions:
     init_jax: bool = True             # False: no jax import, no jax.distributed
     working_dir: str = ""             # absolute; "" = none
     output_dir: str = ""              # gs://bucket/prefix, or an absolute local path; "" = none
+    staging: str = ""                 # gs://bucket/prefix for local remote_tpu.Data; "" = none
 
     @property
     def local(self) -> bool:
@@ -139,13 +140,24 @@ def _output_dir(value: str | os.PathLike | None) -> str:
     return path
 
 
+def _staging(value: str | None) -> str:
+    """``staging=``: where local remote_tpu.Data goes first (``REMOTE_TPU_STAGING``)."""
+    if value is None:
+        value = _from_env("REMOTE_TPU_STAGING") or ""
+    if value and (not isinstance(value, str) or not value.startswith("gs://") or
+                  not value[len("gs://"):].split("/", 1)[0]):
+        raise ConfigurationError(f"staging={value!r}: give a gs://bucket/prefix")
+    return value.rstrip("/") if value else ""
+
+
 def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | None,
             timeout: float | None, stream: str | None,
             env: Mapping[str, str] | None, jax_timeouts: JaxTimeouts | None,
             token: str | None = None, tls: TLS | None = None,
             processes_per_host: int = 1, keep_warm: float | None = None,
             init_jax: bool = True, working_dir: str | os.PathLike | None = None,
-            output_dir: str | os.PathLike | None = None) -> RunOptions:
+            output_dir: str | os.PathLike | None = None,
+            staging: str | None = None) -> RunOptions:
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
@@ -207,4 +219,5 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         init_jax=init_jax,
         working_dir=_working_dir(working_dir),
         output_dir=_output_dir(output_dir),
+        staging=_staging(staging),
     )

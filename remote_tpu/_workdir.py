@@ -25,6 +25,7 @@ from ._core.proto import remote_tpu_pb2 as pb
 
 LIMIT_BYTES = 512 << 20      # the whole tree; data belongs in a bucket
 PACKED_BELOW = 1 << 20
+PACK_BYTES = 64 << 20        # small files go in packs of about this much
 IGNORE_FILES = (".gitignore", ".remote_tpu_ignore")
 _digests: dict[tuple, bytes] = {}     # a file's or a pack's stat signature: its digest
 
@@ -77,14 +78,16 @@ class _Ignores:
         return bool(verdict)
 
 
-def scan(root: str) -> list[_File]:
-    """The files of the tree at ``root`` that travel, sorted by path."""
+def scan(root: str, ignore: bool = True) -> list[_File]:
+    """The files of the tree at ``root`` that travel, sorted by path (with
+    ``ignore``, without what its ignore files leave out)."""
     ignores = _Ignores()
     files = []
     for directory, dirnames, filenames in os.walk(root, onerror=_unreadable):
         rel_dir = os.path.relpath(directory, root).replace(os.sep, "/")
         rel_dir = "" if rel_dir == "." else rel_dir
-        ignores.load(root, rel_dir)
+        if ignore:
+            ignores.load(root, rel_dir)
         join = (lambda n: f"{rel_dir}/{n}") if rel_dir else (lambda n: n)
         dirnames[:] = sorted(d for d in dirnames
                              if d != ".git" and not ignores.ignored(join(d), True))
@@ -162,12 +165,31 @@ class _Buffer:
         return self._data
 
 
-def describe(root: str, limit: int = LIMIT_BYTES) -> tuple[pb.WorkingDir, list[_Buffer]]:
-    """The tree at ``root`` as a job spec carries it, and its buffers."""
-    files = scan(root)
-    _check_size(root, files, limit)
-    small = [f for f in files if f.size < PACKED_BELOW]
-    buffers = [_Buffer(small, True)] if any(f.size for f in small) else []
+def _packs(small: list[_File]) -> list[list[_File]]:
+    """The small files with bytes, in packs of about PACK_BYTES (a change
+    sends its own pack again, not every small file)."""
+    packs: list[list[_File]] = [[]]
+    size = 0
+    for f in small:
+        if not f.size:
+            continue
+        if size + f.size > PACK_BYTES and packs[-1]:
+            packs.append([])
+            size = 0
+        packs[-1].append(f)
+        size += f.size
+    return [p for p in packs if p]
+
+
+def describe(root: str, limit: int | None = LIMIT_BYTES, files: list[_File] | None = None
+             ) -> tuple[pb.WorkingDir, list[_Buffer]]:
+    """The tree at ``root`` (its ``files``: by default those ``scan`` finds)
+    as a job spec carries it, and its buffers."""
+    files = scan(root) if files is None else files
+    if limit is not None:
+        _check_size(root, files, limit)
+    buffers = [_Buffer(pack, True) for pack in _packs([f for f in files
+                                                       if f.size < PACKED_BELOW])]
     buffers += [_Buffer([f], False) for f in files if f.size >= PACKED_BELOW]
     tree = pb.WorkingDir(blobs=[pb.BlobRef(digest=b.digest, size=b.size) for b in buffers])
     where = {}

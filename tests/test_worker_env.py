@@ -254,13 +254,13 @@ def test_passed_environment_keeps_runtime_and_accelerator_variables_only():
         "LIBTPU_INIT_ARGS": "--y", "CLOUD_TPU_TASK_ID": "0", "OMP_NUM_THREADS": "4",
         "REMOTE_TPU_TOKEN": "secret", "REMOTE_TPU_HOSTS": "a,b",
         "AWS_SECRET_ACCESS_KEY": "s", "GOOGLE_APPLICATION_CREDENTIALS": "/key.json",
-        "WANDB_API_KEY": "w", "PYTHONPATH": "/p",
+        "WANDB_API_KEY": "w", "PYTHONPATH": "/p", "STORAGE_EMULATOR_HOST": "http://gcs",
     }
     assert passed_environment(agent) == {
         "PATH": "/usr/bin", "HOME": "/root", "LC_ALL": "C.UTF-8", "LD_LIBRARY_PATH": "/l",
         "TPU_NAME": "t1", "JAX_TRACEBACK_FILTERING": "off", "XLA_FLAGS": "--x",
         "LIBTPU_INIT_ARGS": "--y", "CLOUD_TPU_TASK_ID": "0", "OMP_NUM_THREADS": "4",
-        "PYTHONPATH": "/p"}
+        "PYTHONPATH": "/p", "STORAGE_EMULATOR_HOST": "http://gcs"}
     more = passed_environment(agent, frozenset({"WANDB_API_KEY", "REMOTE_TPU_TOKEN"}))
     assert more["WANDB_API_KEY"] == "w"
     assert "REMOTE_TPU_TOKEN" not in more            # never, even when asked for

@@ -1,0 +1,119 @@
+"""GCS for remote_tpu.Data: a host's local copies of gs:// data (fetched by
+the worker before it unpickles a call), and what both sides say of a failure.
+
+A host keeps each URI's copy in a directory of its own (under
+``$REMOTE_TPU_GCS_CACHE``, set by its agent), with what it downloaded (each
+object's size and generation): a later call downloads only objects that are
+new or changed, and removes those gone from the bucket. The processes of one
+host take turns (a file lock). The ``KEEP`` URIs used last stay. Downloads and
+uploads run in parallel threads (``transfer_manager``), each with the
+library's own retry of transient errors. (Local data staged to a bucket by the
+client: ``remote_tpu._data.stage``.)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+
+from . import digests
+from .exceptions import ConfigurationError
+
+KEEP = 8
+THREADS = 8
+
+
+def client():
+    from google.cloud import storage
+    return storage.Client()
+
+
+def split(uri: str) -> tuple[str, str]:
+    bucket, _, name = uri[len("gs://"):].partition("/")
+    return bucket, name
+
+
+def explain(exc: Exception, uri: str, need: str) -> ConfigurationError:
+    code = getattr(exc, "code", None)
+    bucket = split(uri)[0]
+    hint = {403: f"these credentials lack {need} on bucket {bucket}",
+            404: f"bucket {bucket} does not exist",
+            401: "no Google Cloud credentials here (application default credentials)"
+            }.get(code, "see the error above")
+    text = str(getattr(exc, "message", "") or exc).splitlines()[0][:300]
+    return ConfigurationError(f"{uri}: {type(exc).__name__}: {text}; {hint}")
+
+
+def local_copy(uri: str) -> str:
+    """The path of this host's copy of ``uri`` (a file for one object, else a
+    directory of every object under it), brought up to date first."""
+    from google.cloud.storage import transfer_manager
+
+    cache = os.environ.get("REMOTE_TPU_GCS_CACHE") or os.path.join(
+        tempfile.gettempdir(), f"remote_tpu-gcs-{os.getuid()}")
+    root = os.path.join(cache, digests.of(uri.encode()).hex()[:24])
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    bucket_name, name = split(uri)
+    with open(root + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            gcs = client()
+            blobs = list(gcs.list_blobs(bucket_name, prefix=name))
+        except Exception as exc:  # noqa: BLE001 - named, with what to do
+            raise explain(exc, uri, "storage.objects.list") from None
+        exact = [b for b in blobs if b.name == name]
+        if exact and not name.endswith("/"):
+            want = {os.path.basename(name): exact[0]}
+            result = os.path.join(root, "tree", os.path.basename(name))
+        else:
+            under = name.rstrip("/") + "/" if name else ""
+            want = {b.name[len(under):]: b for b in blobs
+                    if b.name.startswith(under) and not b.name.endswith("/")}
+            result = os.path.join(root, "tree")
+        if not want:
+            raise FileNotFoundError(f"{uri}: no such object, and no objects under it")
+        tree = os.path.join(root, "tree")
+        try:
+            with open(os.path.join(root, "manifest.json")) as f:
+                had = json.load(f)
+        except (OSError, ValueError):
+            had = {}
+        todo = [(rel, blob) for rel, blob in want.items()
+                if had.get(rel) != [blob.size, blob.generation] or
+                not os.path.isfile(os.path.join(tree, rel))]
+        pairs = []
+        for rel, blob in todo:
+            path = os.path.join(tree, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            pairs.append((blob, path))
+        try:
+            transfer_manager.download_many(pairs, max_workers=THREADS,
+                                           worker_type=transfer_manager.THREAD,
+                                           raise_exception=True)
+        except Exception as exc:  # noqa: BLE001
+            raise explain(exc, uri, "storage.objects.get") from None
+        for directory, _, files in os.walk(tree):        # gone from the bucket: gone here
+            for f in files:
+                rel = os.path.relpath(os.path.join(directory, f), tree).replace(os.sep, "/")
+                if rel not in want:
+                    os.unlink(os.path.join(directory, f))
+        with open(os.path.join(root, "manifest.json"), "w") as f:
+            json.dump({rel: [b.size, b.generation] for rel, b in want.items()}, f)
+        os.utime(root)
+    _evict(cache, keep=root)
+    return result
+
+
+def _evict(cache: str, keep: str) -> None:
+    entries = sorted(((e.stat().st_mtime, e.path) for e in os.scandir(cache) if e.is_dir()),
+                     reverse=True)
+    for _, path in entries[KEEP:]:
+        if path != keep:
+            shutil.rmtree(path, ignore_errors=True)
+            try:
+                os.unlink(path + ".lock")
+            except OSError:
+                pass
