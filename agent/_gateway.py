@@ -25,8 +25,10 @@ from ._host import Host
 from ._job_views import status_of, watch
 from ._job_views import result as result_events
 from ._requests import Refused, abort, hosts_for
-from ._scheduler import Scheduler
+from ._scheduler import JobRefused, Scheduler
 from ._store import JobRecord
+from ._envs import EnvError
+from ._worker import ENV_PYTHON
 from ._workdirs import place_job, refs_of
 from ._warm import WarmSession
 from ._worker_pipe import INLINE_BYTES
@@ -117,9 +119,14 @@ class GatewayRole:
         spec = record.spec
         try:
             call_paths, tree, data = place_job(self._host.workdirs, spec, record.blob_paths)
-        except (OSError, ValueError) as exc:
-            raise RuntimeError(f"cannot place the job's working_dir or data on host 0 "
-                               f"({self._host.endpoint()}): {exc}") from exc
+            python = self._host.envs.python_for(
+                spec.requirements, spec.allow_jax_requirements,
+                lambda line: record.append_output(0, pb.OUTPUT_STREAM_STDERR,
+                                                  f"{line}\n".encode()))
+        except (OSError, ValueError, EnvError) as exc:
+            raise JobRefused(f"host 0 ({self._host.endpoint()}) could not prepare the job: "
+                             f"{exc}") from exc
+        extra = {ENV_PYTHON: python} if python else {}
         return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
                           payload=record.payload, blob_paths=call_paths, working_dir=tree,
                           data=data,
@@ -127,4 +134,5 @@ class GatewayRole:
                           advertise=self._advertise,
                           peer_credentials=self._config.peer_credentials, tpu=self._host.tpu,
                           preempted=self._host.preempted, warm=warm, spares=self._host.spares,
-                          env_for=lambda i, coord: self._host.env_for(spec, i, coord))
+                          env_for=lambda i, coord: {**self._host.env_for(spec, i, coord),
+                                                    **extra})

@@ -12,6 +12,7 @@ from ._spares import Spares
 from ._store import JobStore
 from ._tpu import TpuGuard
 from ._uploads import Uploads
+from ._envs import Envs
 from ._workdirs import WorkingDirs
 
 
@@ -32,4 +33,5 @@ class Host:
     env_for: Callable[[pb.JobSpec, int, str], dict[str, str]]
     preempted: Callable[[], bool]
     workdirs: WorkingDirs
+    envs: Envs
     output_interval: float = 30.0       # seconds between uploads of output_dir= files

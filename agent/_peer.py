@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -35,6 +35,7 @@ from ._host import Host
 from ._hostlog import StoreFull
 from ._requests import Refused, abort
 from ._runner import WorkerRun
+from ._envs import EnvError
 from ._outputs import OutputSync
 from ._store import JobRecord
 from ._workdirs import place_job, refs_of
@@ -113,19 +114,24 @@ class PeerRole:
                 self._slot.notify_all()
 
     def _call(self, spec: pb.JobSpec, payload: bytes | str, record: JobRecord,
-              blob_paths: list[str]) -> Call:
-        """The worker's call (its tree placed here first: OSError, ValueError)."""
+              blob_paths: list[str], say: Callable[[str], None]) -> Call:
+        """The worker's call: its trees placed here first, its environment made
+        (its installer's lines to ``say``). OSError, ValueError, EnvError."""
         call_paths, working_dir, data = place_job(self._host.workdirs, spec, blob_paths)
+        python = self._host.envs.python_for(spec.requirements, spec.allow_jax_requirements,
+                                            say)
+        env = self._host.env_for(spec, spec.process_id, spec.coordinator_address)
+        if python:
+            env[_worker.ENV_PYTHON] = python
         return Call(job_dir=record.dir, payload=payload, digest=spec.payload_digest.hex(),
-                    env=self._host.env_for(spec, spec.process_id, spec.coordinator_address),
+                    env=env,
                     blobs=call_paths, working_dir=working_dir, data=data,
                     gcs_data=list(spec.gcs_data))
 
     def _unplaced(self, host: int, exc: BaseException) -> pb.Event:
         return pb.Event(host=host, exited=pb.HostReport(
             host=host, state=pb.HOST_STATE_FAILED, exited=True, finished_at=time.time(),
-            detail=f"could not place the call's working_dir on host {self._host.endpoint()}: "
-                   f"{exc}"))
+            detail=f"host {self._host.endpoint()} could not prepare the call: {exc}"))
 
     def _pin(self, spec: pb.JobSpec) -> tuple[list[str] | None, str]:
         """Pin the call's large buffers here (the gateway made sure this host
@@ -141,12 +147,15 @@ class PeerRole:
                 requests: Iterator[pb.RunRequest], record: JobRecord,
                 context: grpc.ServicerContext, blob_paths: list[str],
                 pinned: list[pb.BlobRef]) -> Iterator[pb.Event]:
+        said: list[str] = []
         try:
-            call = self._call(spec, payload, record, blob_paths)
-        except (OSError, ValueError) as exc:
+            call = self._call(spec, payload, record, blob_paths, said.append)
+        except (OSError, ValueError, EnvError) as exc:
+            yield from _lines(spec.process_id, record, said)
             yield self._unplaced(spec.process_id, exc)
             record.set_phase(pb.JOB_PHASE_FAILED, str(exc))
             return
+        yield from _lines(spec.process_id, record, said)
         events = EventQueue()
         nexts: queue.Queue = queue.Queue()      # a warm session's next calls; None: no more
         run = WorkerRun(host=spec.process_id, call=call,
@@ -262,15 +271,30 @@ class PeerRole:
             return
         self._host.blobs.unpin(pinned)          # the last call's: its worker mapped them
         pinned[:] = refs_of(spec)
+        said: list[str] = []
         try:
-            call = self._call(spec, payload, record, paths)
-        except (OSError, ValueError) as exc:
+            call = self._call(spec, payload, record, paths, said.append)
+        except (OSError, ValueError, EnvError) as exc:
+            yield from _lines(run.host, record, said)
             yield self._unplaced(run.host, exc)
             events.put(None)
             return
+        yield from _lines(run.host, record, said)
         outputs[0] = self._outputs(spec, record)
         if not run.next_call(call, events.put):
             yield pb.Event(host=run.host, exited=pb.HostReport(
                 host=run.host, state=pb.HOST_STATE_DIED, exited=True,
                 detail="its warm worker had exited since the last call"))
             events.put(None)
+
+
+def _lines(host: int, record: JobRecord, lines: list[str]) -> Iterator[pb.Event]:
+    """What the agent itself said for this host (an installer's output), as
+    the host's stderr: kept here, and sent to the gateway."""
+    for line in lines:
+        data = f"{line}\n".encode()
+        try:
+            record.append_output(host, pb.OUTPUT_STREAM_STDERR, data)
+        except StoreFull:
+            pass
+        yield pb.Event(host=host, output=pb.Output(stream=pb.OUTPUT_STREAM_STDERR, data=data))

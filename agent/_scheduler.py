@@ -33,6 +33,11 @@ from ._worker_env import processes_per_host
 log = logging.getLogger(__name__)
 
 
+class JobRefused(Exception):
+    """A job that cannot start on this host (its requirements will not
+    install, its files cannot be written): it fails with this message."""
+
+
 class Scheduler:
     def __init__(self, make_job: Callable[[JobRecord, WarmSession | None], GatewayJob],
                  output_interval: float = 30.0) -> None:
@@ -183,6 +188,9 @@ class Scheduler:
                 continue
             try:
                 self._run(record, warm)
+            except JobRefused as exc:      # the job cannot run here: said as it is
+                record.set_phase(pb.JOB_PHASE_FAILED, str(exc), pb.JobEnd(
+                    state=pb.JOB_STATE_FAILED, root_cause_host=0, detail=str(exc)))
             except Exception as exc:  # noqa: BLE001 - a job must never stop the queue
                 log.exception("job %s: internal error", record.job_id)
                 record.set_phase(pb.JOB_PHASE_FAILED, f"internal error in the agent: {exc}",

@@ -48,6 +48,7 @@ from ._store import JobStore
 from ._tpu import TpuGuard
 from ._uploads import Uploads
 from ._warm import is_session
+from ._envs import Envs
 from ._workdirs import WorkingDirs
 from ._spares import Spares
 from ._worker_env import num_processes, passed_environment, spare_env, worker_env
@@ -77,6 +78,7 @@ class AgentService(pb_grpc.AgentServicer):
                     endpoint=lambda: self.endpoint, env_for=self._env_for,
                     preempted=self.preempted,
                     workdirs=WorkingDirs(os.path.join(self.state_dir, "workdirs")),
+                    envs=Envs(os.path.join(self.state_dir, "envs")),
                     output_interval=config.output_interval)
         self.gateway = GatewayRole(config=config, host=host, advertise=self.address)
         self.scheduler = self.gateway.scheduler

@@ -45,6 +45,8 @@ _READ_LATER_PREFIXES = ("REMOTE_TPU_", "TPU_", "MEGASCALE_")
 def fits(spare_env: Mapping[str, str], job_env: Mapping[str, str]) -> bool:
     """Whether a spare started with ``spare_env`` can run a job whose worker
     environment is ``job_env``."""
+    if job_env.get(_worker.ENV_PYTHON, "") != spare_env.get(_worker.ENV_PYTHON, ""):
+        return False                   # another interpreter (requirements=): a new process
     return all(spare_env.get(k) == job_env.get(k) for k in {*spare_env, *job_env}
                if k not in _READ_LATER and not k.startswith(_READ_LATER_PREFIXES))
 
@@ -85,7 +87,8 @@ def spawn(env: Mapping[str, str], stacks_dir: str, spare: bool = False
     full[_worker.ENV_CONTROL_FD] = str(control_r)
     full[_worker.ENV_STATUS_FD] = str(status_w)
     full[_worker.ENV_JOB_DIR] = stacks_dir
-    argv = [sys.executable, "-m", "remote_tpu_agent._worker"] + (["--spare"] if spare else [])
+    python = env.get(_worker.ENV_PYTHON) or sys.executable      # requirements=: its venv's
+    argv = [python, "-m", "remote_tpu_agent._worker"] + (["--spare"] if spare else [])
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w,
                                 pass_fds=(control_r, status_w), start_new_session=True,

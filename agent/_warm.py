@@ -54,6 +54,7 @@ def shaping(spec: pb.JobSpec) -> dict[str, object]:
         "devices_per_host": spec.devices_per_host,
         "init_jax": not spec.skip_jax_init,
         "client versions": (v.python, v.cloudpickle, v.remote_tpu),
+        "requirements": tuple(spec.requirements),
     }
 
 

@@ -46,6 +46,7 @@ ENV_INIT_TIMEOUT = "REMOTE_TPU_JAX_INIT_TIMEOUT"
 ENV_HEARTBEAT_TIMEOUT = "REMOTE_TPU_JAX_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "REMOTE_TPU_JAX_SHUTDOWN_TIMEOUT"
 ENV_INIT_JAX = "REMOTE_TPU_INIT_JAX"          # "0": init_jax=False (no jax at all)
+ENV_PYTHON = "REMOTE_TPU_PYTHON"              # requirements=: the environment's interpreter
 
 _START_DIR = os.getcwd()
 PAYLOAD_FILE = "payload.bin"

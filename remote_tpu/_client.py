@@ -101,6 +101,8 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) ->
         skip_jax_init=not options.init_jax, working_dir=tree,
         output_dir=options.output_dir if options.output_dir.startswith("gs://") else "",
         collect_outputs=bool(options.output_dir) and not options.output_dir.startswith("gs://"),
+        requirements=list(options.requirements),
+        allow_jax_requirements=options.allow_jax_requirements,
         data=data, gcs_data=list(dict.fromkeys(getattr(payload, "data", None).gcs
                                                if getattr(payload, "data", None) else [])),
     )

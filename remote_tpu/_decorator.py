@@ -97,6 +97,8 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         working_dir: str | os.PathLike | None = None,
         output_dir: str | os.PathLike | None = None,
         staging: str | None = None,
+        requirements: Sequence[str] | str | os.PathLike | None = None,
+        allow_jax_requirements: bool = False,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -145,6 +147,12 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         ``remote_tpu.Data`` arguments are uploaded there once, under their
         digest, and every host downloads them from there; without it they go
         through the gateway, by content.
+    requirements: pip requirement strings, or a requirements file's path: each
+        host makes a virtual environment with them (once per host and set of
+        requirements, the installer's output shown), layered on its own Python
+        so its jax and libtpu stay; the workers run in it. A requirement on jax,
+        jaxlib, libtpu, cloudpickle or remote-tpu is refused unless
+        ``allow_jax_requirements=True``.
     """
     if fn is not None:
         raise ConfigurationError(
@@ -155,7 +163,8 @@ def run(fn: Callable[..., Any] | None = None, /, *,
                       env=env, jax_timeouts=jax_timeouts, token=token, tls=tls,
                       processes_per_host=processes_per_host, keep_warm=keep_warm,
                       init_jax=init_jax, working_dir=working_dir, output_dir=output_dir,
-                      staging=staging)
+                      staging=staging, requirements=requirements,
+                      allow_jax_requirements=allow_jax_requirements)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

@@ -45,6 +45,8 @@ class RunOptions:
     working_dir: str = ""             # absolute; "" = none
     output_dir: str = ""              # gs://bucket/prefix, or an absolute local path; "" = none
     staging: str = ""                 # gs://bucket/prefix for local remote_tpu.Data; "" = none
+    requirements: tuple[str, ...] = ()  # pip requirement lines
+    allow_jax_requirements: bool = False
 
     @property
     def local(self) -> bool:
@@ -150,6 +152,35 @@ def _staging(value: str | None) -> str:
     return value.rstrip("/") if value else ""
 
 
+def _requirements(value: Sequence[str] | str | os.PathLike | None,
+                  allow_jax: bool) -> tuple[str, ...]:
+    """``requirements=``: requirement strings, or the path of a requirements file."""
+    from ._core.requirements import protected, refusal
+
+    if value is None:
+        return ()
+    if isinstance(value, (str, os.PathLike)):
+        path = os.path.abspath(os.path.expanduser(os.fspath(value)))
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError as exc:
+            raise ConfigurationError(f"requirements={os.fspath(value)!r}: cannot read {path} "
+                                     f"({exc.strerror}); give a requirements file or a list "
+                                     "of requirement strings") from None
+    elif isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        lines = list(value)
+    else:
+        raise ConfigurationError(f"requirements= must be a list of requirement strings or a "
+                                 f"requirements file's path, got {value!r}")
+    kept = tuple(line.strip() for line in lines
+                 if line.strip() and not line.strip().startswith("#"))
+    bad = protected(kept)
+    if bad and allow_jax is not True:
+        raise ConfigurationError(refusal(bad))
+    return kept
+
+
 def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | None,
             timeout: float | None, stream: str | None,
             env: Mapping[str, str] | None, jax_timeouts: JaxTimeouts | None,
@@ -157,7 +188,9 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
             processes_per_host: int = 1, keep_warm: float | None = None,
             init_jax: bool = True, working_dir: str | os.PathLike | None = None,
             output_dir: str | os.PathLike | None = None,
-            staging: str | None = None) -> RunOptions:
+            staging: str | None = None,
+            requirements: Sequence[str] | str | os.PathLike | None = None,
+            allow_jax_requirements: bool = False) -> RunOptions:
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
@@ -220,4 +253,6 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         working_dir=_working_dir(working_dir),
         output_dir=_output_dir(output_dir),
         staging=_staging(staging),
+        requirements=_requirements(requirements, allow_jax_requirements),
+        allow_jax_requirements=allow_jax_requirements,
     )

@@ -1,0 +1,112 @@
+"""requirements=: each host makes a virtual environment with them, once,
+layered on its own Python; the workers run in it."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import zipfile
+
+import pytest
+
+import remote_tpu
+from remote_tpu._core.exceptions import ConfigurationError
+
+from conftest import Agents
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def make_wheel(directory, name: str, version: str = "1.0", body: str = "ANSWER = 42\n") -> str:
+    """A pure-Python wheel made by hand (no network, no build backend)."""
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": body,
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest())
+        record.append(f"{path},sha256={digest.rstrip(b'=').decode()},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join(record + [f"{info}/RECORD,,"]) + "\n"
+    path = os.path.join(directory, f"{name}-{version}-py3-none-any.whl")
+    with zipfile.ZipFile(path, "w") as z:
+        for p, text in files.items():
+            z.writestr(p, text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def agents():
+    a = Agents(2)
+    yield a
+    a.stop()
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("wheels")
+    make_wheel(str(directory), "rtpu_test_tiny")
+    return str(directory)
+
+
+def _on(agents, **kw):
+    return remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0],
+                          token=agents.token, init_jax=False, stream="all", **kw)
+
+
+def _uses_it(report):
+    import os
+    import sys
+
+    import rtpu_test_tiny
+    with open(os.path.join(report, os.environ["JAX_PROCESS_ID"]), "w") as f:
+        f.write(sys.executable)
+    return rtpu_test_tiny.ANSWER
+
+
+def test_a_requirement_is_installed_once_per_host_and_used(agents, wheels, tmp_path, capfd):
+    with pytest.raises(ImportError):
+        import rtpu_test_tiny  # noqa: F401 - not here: only on the hosts
+    reqs = ["--no-index", f"--find-links {wheels}", "rtpu-test-tiny==1.0"]
+    fn = _on(agents, requirements=reqs)(_uses_it)
+    assert fn(str(tmp_path)) == 42
+    err = capfd.readouterr().err
+    assert "[host 0] Successfully installed rtpu-test-tiny-1.0" in err
+    assert "[host 1] Successfully installed rtpu-test-tiny-1.0" in err
+    pythons = [open(tmp_path / h).read() for h in ("0", "1")]
+    assert all("/envs/" in p for p in pythons)
+    assert fn(str(tmp_path)) == 42
+    assert "Successfully installed" not in capfd.readouterr().err     # made once per host
+    req_file = tmp_path / "requirements.txt"
+    req_file.write_text("# the same, from a file\n" + "\n".join(reqs) + "\n")
+    assert _on(agents, requirements=str(req_file))(_uses_it)(str(tmp_path)) == 42
+    assert "Successfully installed" not in capfd.readouterr().err     # the same environment
+
+
+def test_the_hosts_own_jax_stays_unless_allowed(agents):
+    with pytest.raises(ConfigurationError, match="would replace the host's own jax"):
+        _on(agents, requirements=["jax==0.4.1"])
+    with pytest.raises(ConfigurationError, match="would replace"):
+        _on(agents, requirements=["libtpu-nightly", "cloudpickle>=1"])
+
+    def version():
+        import jax
+        return jax.__version__
+
+    import jax
+    allowed = _on(agents, requirements=["--no-index", "jax"], allow_jax_requirements=True)
+    assert allowed(version)() == jax.__version__          # satisfied by the host's own
+
+
+def test_a_failing_install_fails_the_job_naming_the_host_and_the_error(agents, wheels):
+    fn = _on(agents, requirements=["--no-index", f"--find-links {wheels}",
+                                   "rtpu-no-such-package==9"])(lambda: 1)
+    with pytest.raises(remote_tpu.JobFailedError) as err:
+        fn()
+    text = str(err.value)
+    assert "could not prepare the job" in text and "installing the requirements failed" in text
+    assert "rtpu-no-such-package" in text
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        _on(agents, requirements="/no/such/requirements.txt")
