@@ -38,11 +38,12 @@ def place_job(dirs: WorkingDirs, spec: pb.JobSpec, paths: list[str]
     n = len(spec.blobs)
     call, rest = paths[:n], paths[n:]
     k = len(spec.working_dir.blobs)
-    working_dir = dirs.place(spec.working_dir, rest[:k], evict=False)
+    working_dir = dirs.place(spec.working_dir, rest[:k], evict=False, job=spec.job_id)
     rest = rest[k:]
     data = {}
     for tree in spec.data:
-        data[tree.digest.hex()] = dirs.place(tree, rest[:len(tree.blobs)], evict=False)
+        data[tree.digest.hex()] = dirs.place(tree, rest[:len(tree.blobs)], evict=False,
+                                             job=spec.job_id)
         rest = rest[len(tree.blobs):]
     placed = {os.path.basename(p) for p in [working_dir, *data.values()] if p}
     if placed:
@@ -62,11 +63,15 @@ class WorkingDirs:
     def __init__(self, root: str) -> None:
         self.root = root
         self._lock = threading.RLock()
+        self._restored: dict[str, str] = {}    # a tree: the job it was last made ready for
 
-    def place(self, tree: pb.WorkingDir, paths: list[str], evict: bool = True) -> str:
+    def place(self, tree: pb.WorkingDir, paths: list[str], evict: bool = True,
+              job: str = "") -> str:
         """The directory holding ``tree`` exactly (its buffers' cache files are
-        ``paths``); "" for a job without one. Raises OSError (a full disk) and
-        ValueError (a tree that names a path outside itself)."""
+        ``paths``); "" for a job without one. Within one ``job`` (its several
+        processes on this host), restored once only: a process already running
+        keeps what it wrote. Raises OSError (a full disk) and ValueError (a
+        tree that names a path outside itself)."""
         if not tree.digest:
             return ""
         bad = [f.path for f in tree.files
@@ -78,6 +83,8 @@ class WorkingDirs:
         with self._lock:
             os.makedirs(self.root, mode=0o700, exist_ok=True)
             if os.path.isdir(target):
+                if job and self._restored.get(name) == job:
+                    return target
                 _restore(tree, paths, target, self._written(name))
             else:
                 building = tempfile.mkdtemp(dir=self.root, prefix=".building-")
@@ -88,11 +95,13 @@ class WorkingDirs:
                     shutil.rmtree(building, ignore_errors=True)
                     raise
             self._remember(name, target, tree)
+            self._restored[name] = job
             if evict:
                 self.evict({name})
         return target
 
-    # What each file looked like when written (size, mtime): a job's change shows.
+    # What each file looked like when written (size, mtime, ctime, mode): any
+    # change a job made shows (a rewrite that kept size and mtime changes ctime).
     def _written(self, name: str) -> dict[str, list[int]]:
         try:
             with open(os.path.join(self.root, name + ".json")) as f:
@@ -104,7 +113,7 @@ class WorkingDirs:
         seen = {}
         for f in tree.files:
             st = os.stat(os.path.join(target, f.path))
-            seen[f.path] = [st.st_size, st.st_mtime_ns]
+            seen[f.path] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode]
         with open(os.path.join(self.root, name + ".json"), "w") as out:
             json.dump(seen, out)
         os.utime(target)                       # its last use, for evict
@@ -124,19 +133,38 @@ class WorkingDirs:
         trees.sort(reverse=True)
         for _, name in trees[max(KEEP, len(keep)):]:
             if name not in keep:
-                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+                _remove(os.path.join(self.root, name))
                 try:
                     os.unlink(os.path.join(self.root, name + ".json"))
                 except OSError:
                     pass
 
 
-def _write_file(f: pb.WorkFile, paths: list[str], directory: str) -> None:
+def _remove(path: str) -> None:
+    """Remove a tree (or part of one) even where a job made it read-only."""
+    def writable(_, name, __):
+        try:
+            os.chmod(os.path.dirname(name), 0o755)
+            if os.path.isdir(name) and not os.path.islink(name):
+                os.chmod(name, 0o755)
+                shutil.rmtree(name, ignore_errors=True)
+            else:
+                os.unlink(name)
+        except OSError:
+            pass
+    shutil.rmtree(path, onerror=writable)
+
+
+def _write_file(f: pb.WorkFile, paths: list[str], directory: str, fresh: bool = False) -> None:
+    """Write one file of the tree (in a directory being built, ``fresh``: at
+    once; else by a temporary file put in its place)."""
     path = os.path.join(directory, f.path)
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     if os.path.lexists(path) and (os.path.isdir(path) and not os.path.islink(path)):
-        shutil.rmtree(path)
-    tmp = path + ".remote_tpu-writing"
+        _remove(path)
+    tmp = path if fresh else f"{path}.{os.getpid()}.remote_tpu-writing"
+    if os.path.isdir(tmp) and not os.path.islink(tmp):
+        _remove(tmp)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755 if f.executable else 0o644)
     try:
         if f.size:
@@ -151,13 +179,14 @@ def _write_file(f: pb.WorkFile, paths: list[str], directory: str) -> None:
     finally:
         os.close(fd)
     os.chmod(tmp, 0o755 if f.executable else 0o644)
-    os.replace(tmp, path)
+    if tmp != path:
+        os.replace(tmp, path)
 
 
 def _write_all(tree: pb.WorkingDir, paths: list[str], directory: str) -> None:
     os.chmod(directory, 0o755)
     for f in tree.files:
-        _write_file(f, paths, directory)
+        _write_file(f, paths, directory, fresh=True)
 
 
 def _restore(tree: pb.WorkingDir, paths: list[str], target: str,
@@ -167,6 +196,11 @@ def _restore(tree: pb.WorkingDir, paths: list[str], target: str,
     wanted = {f.path: f for f in tree.files}
     parents = {os.path.dirname(p) for p in wanted}
     parents |= {"/".join(p.split("/")[:i]) for p in parents for i in range(len(p.split("/")))}
+    for directory, _, _ in os.walk(target):           # a job may have made some read-only
+        try:
+            os.chmod(directory, 0o755)
+        except OSError:
+            pass
     for directory, dirnames, filenames in os.walk(target, topdown=False):
         rel_dir = os.path.relpath(directory, target).replace(os.sep, "/")
         rel_dir = "" if rel_dir == "." else rel_dir
@@ -179,8 +213,8 @@ def _restore(tree: pb.WorkingDir, paths: list[str], target: str,
             st = os.lstat(full)
             f = wanted.get(rel)
             if f is None or not stat.S_ISREG(st.st_mode) or \
-                    [st.st_size, st.st_mtime_ns] != written.get(rel) or \
-                    bool(st.st_mode & 0o100) != f.executable:
+                    [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode] != \
+                    written.get(rel):
                 os.unlink(full)
         if rel_dir and rel_dir not in parents:
             try:
@@ -188,5 +222,6 @@ def _restore(tree: pb.WorkingDir, paths: list[str], target: str,
             except OSError:
                 pass
     for f in tree.files:
-        if not os.path.exists(os.path.join(target, f.path)):
+        path = os.path.join(target, f.path)
+        if not os.path.isfile(path) or os.path.islink(path):
             _write_file(f, paths, target)

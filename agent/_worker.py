@@ -239,7 +239,11 @@ def _enter_working_dir(path: str) -> None:
         while old in sys.path:
             sys.path.remove(old)
         for name, module in list(sys.modules.items()):
-            if (getattr(module, "__file__", None) or "").startswith(old + os.sep):
+            try:
+                where = getattr(module, "__file__", None) or ""
+            except Exception:  # noqa: BLE001 - a lazy module's own __getattr__
+                continue
+            if isinstance(where, str) and where.startswith(old + os.sep):
                 del sys.modules[name]
     if path:
         if path not in sys.path:

@@ -53,29 +53,40 @@ class _Ignores:
 
     def __init__(self) -> None:
         self._specs: list[tuple[str, pathspec.PathSpec]] = []
+        self._negations = False        # a '!' pattern anywhere: no directory is skipped whole
 
     def load(self, root: str, rel_dir: str) -> None:
         for name in IGNORE_FILES:
             path = os.path.join(root, rel_dir, name)
             try:
                 with open(path, encoding="utf-8", errors="replace") as f:
-                    spec = pathspec.GitIgnoreSpec.from_lines(f.read().splitlines())
+                    lines = f.read().splitlines()
+                spec = pathspec.GitIgnoreSpec.from_lines(lines)
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 continue
             except OSError as exc:
                 raise ConfigurationError(f"working_dir: cannot read {path}: {exc}") from None
             self._specs.append((rel_dir, spec))
+            self._negations |= any(line.lstrip().startswith("!") for line in lines)
 
-    def ignored(self, rel: str, is_dir: bool) -> bool:
+    def _says(self, path: str) -> bool:
         verdict = None
         for base, spec in self._specs:
-            if base and not rel.startswith(base + "/"):
+            if base and not path.startswith(base + "/"):
                 continue
-            sub = rel[len(base) + 1:] if base else rel
-            include = spec.check_file(sub + ("/" if is_dir else "")).include
+            include = spec.check_file(path[len(base) + 1:] if base else path).include
             if include is not None:
                 verdict = include
         return bool(verdict)
+
+    def ignored(self, rel: str, is_dir: bool) -> bool:
+        """Whether to leave out a file; a directory is skipped whole only when
+        it is ignored and so is anything in it (with no '!' pattern that could
+        take a file back): else its files are asked one by one."""
+        if not is_dir:
+            return self._says(rel)
+        return not self._negations and self._says(rel + "/") and \
+            self._says(rel + "/\0probe")
 
 
 def scan(root: str, ignore: bool = True) -> list[_File]:
@@ -83,7 +94,14 @@ def scan(root: str, ignore: bool = True) -> list[_File]:
     ``ignore``, without what its ignore files leave out)."""
     ignores = _Ignores()
     files = []
-    for directory, dirnames, filenames in os.walk(root, onerror=_unreadable):
+    seen_dirs: set[tuple[int, int]] = set()      # followed links may loop
+    for directory, dirnames, filenames in os.walk(root, onerror=_unreadable,
+                                                  followlinks=True):
+        st = os.stat(directory)
+        if (st.st_dev, st.st_ino) in seen_dirs:
+            dirnames[:] = []
+            continue
+        seen_dirs.add((st.st_dev, st.st_ino))
         rel_dir = os.path.relpath(directory, root).replace(os.sep, "/")
         rel_dir = "" if rel_dir == "." else rel_dir
         if ignore:
@@ -96,6 +114,7 @@ def scan(root: str, ignore: bool = True) -> list[_File]:
             if ignores.ignored(rel, False):
                 continue
             path = os.path.join(directory, name)
+            _check_name(root, rel)
             try:
                 st = os.stat(path)            # a link travels as what it points to
             except OSError:
@@ -106,6 +125,19 @@ def scan(root: str, ignore: bool = True) -> list[_File]:
                                     st.st_ctime_ns)))
     files.sort(key=lambda f: f.rel)
     return files
+
+
+def _check_name(root: str, rel: str) -> None:
+    """A name every host can write as it is: UTF-8, and no backslash."""
+    try:
+        rel.encode("utf-8")
+        if "\\" not in rel:
+            return
+    except UnicodeEncodeError:
+        pass
+    raise ConfigurationError(
+        f"{os.path.join(root, rel)!r}: a file name that is not UTF-8 or holds a backslash "
+        "cannot travel to the hosts; rename it, or leave it out with .remote_tpu_ignore")
 
 
 def _unreadable(exc: OSError) -> None:
@@ -126,8 +158,12 @@ def _check_size(root: str, files: list[_File], limit: int) -> None:
 
 
 def _read(f: _File) -> bytes:
-    with open(f.path, "rb") as src:
-        data = src.read()
+    try:
+        with open(f.path, "rb") as src:
+            data = src.read()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read {f.path}: {exc.strerror}; make it readable, "
+                                 "or leave it out with .remote_tpu_ignore") from None
     if len(data) != f.size:
         raise ConfigurationError(f"working_dir: {f.path} changed while it was being sent; "
                                  "call again")
@@ -154,9 +190,14 @@ class _Buffer:
             if self.packed:
                 self._data = b"".join(_read(f) for f in self.files)
             else:
-                with open(self.files[0].path, "rb") as src:
-                    self._data = memoryview(mmap.mmap(src.fileno(), 0,
-                                                      access=mmap.ACCESS_READ))
+                try:
+                    with open(self.files[0].path, "rb") as src:
+                        self._data = memoryview(mmap.mmap(src.fileno(), 0,
+                                                          access=mmap.ACCESS_READ))
+                except OSError as exc:
+                    raise ConfigurationError(
+                        f"cannot read {self.files[0].path}: {exc.strerror}; make it "
+                        "readable, or leave it out with .remote_tpu_ignore") from None
             if self.digest is not None and digests.of(self._data) != self.digest:
                 raise ConfigurationError(
                     f"working_dir: {', '.join(f.rel for f in self.files[:3])} changed while "

@@ -228,3 +228,72 @@ def test_an_agent_keeps_the_last_trees_only(tmp_path):
         [os.path.basename(p) for p in placed[-_workdirs.KEEP:]] +
         [os.path.basename(p) + ".json" for p in placed[-_workdirs.KEEP:]])
     assert open(os.path.join(placed[-1], f"f{_workdirs.KEEP + 1}")).read() == "abc"
+
+
+def test_what_git_would_send_is_sent(tmp_path):
+    """The ignore rules as git reads them, for the idioms people use."""
+    cases = [("*\n!*/\n!*.py\n", ["a.py", "sub/b.py", "sub/c.txt"], ["a.py", "sub/b.py"]),
+             ("data/**\n!data/keep.txt\n", ["data/keep.txt", "data/drop.txt", "y.txt"],
+              [".gitignore", "data/keep.txt", "y.txt"]),
+             ("build/\n", ["build/o.bin", "build/deep/p", "src/build.py"],
+              [".gitignore", "src/build.py"]),
+             ("/top.txt\n", ["top.txt", "sub/top.txt"], [".gitignore", "sub/top.txt"])]
+    for i, (rules, files, sent) in enumerate(cases):
+        root = str(tmp_path / f"case{i}")
+        write(root, ".gitignore", rules)
+        for f in files:
+            write(root, f, "x")
+        assert [f.rel for f in _workdir.scan(root)] == sent, rules
+
+
+def test_links_travel_as_what_they_point_to_and_loops_end(tmp_path):
+    root = tmp_path / "linked"
+    write(str(tmp_path), "outside/lib/mod.py", "X = 1\n")
+    write(str(root), "main.py", "")
+    os.symlink(tmp_path / "outside" / "lib", root / "lib")
+    os.symlink(root, root / "loop")                             # a loop: walked once
+    os.symlink(tmp_path / "gone", root / "dangling")
+    assert [f.rel for f in _workdir.scan(str(root))] == ["lib/mod.py", "main.py"]
+
+
+def test_names_the_hosts_cannot_write_are_refused_naming_the_file(tmp_path):
+    root = str(tmp_path / "names")
+    write(root, "a\\b.txt", "x")
+    with pytest.raises(ConfigurationError, match="backslash"):
+        _workdir.scan(root)
+    os.unlink(os.path.join(root, "a\\b.txt"))
+    with open(os.path.join(os.fsencode(root), b"bad\xff.txt"), "wb"):
+        pass
+    with pytest.raises(ConfigurationError, match="not UTF-8"):
+        _workdir.scan(root)
+
+
+def test_an_agent_undoes_chmods_and_quiet_rewrites_and_read_only_directories(tmp_path):
+    root = str(tmp_path / "src")
+    write(root, "pkg/a.txt", "aaaa")
+    write(root, "b.txt", "bb")
+    tree, buffers = _workdir.describe(root)
+    blobs = [_write_blob(tmp_path, i, bytes(b.data())) for i, b in enumerate(buffers)]
+    dirs = _workdirs.WorkingDirs(str(tmp_path / "trees"))
+    placed = dirs.place(tree, blobs, job="job-1")
+    a, b = os.path.join(placed, "pkg", "a.txt"), os.path.join(placed, "b.txt")
+    os.chmod(a, 0o000)                                          # chmod
+    before = os.stat(b)
+    with open(b, "w") as f:
+        f.write("XX")                                           # same size ...
+    os.utime(b, ns=(before.st_atime_ns, before.st_mtime_ns))   # ... and mtime
+    write(placed, "pkg/out.txt", "made by the job")
+    os.chmod(os.path.join(placed, "pkg"), 0o555)                # a read-only directory
+    assert dirs.place(tree, blobs, job="job-1") == placed       # the same job: left alone
+    assert open(b).read() == "XX"
+    dirs.place(tree, blobs, job="job-2")
+    assert open(a).read() == "aaaa" and os.stat(a).st_mode & 0o777 == 0o644
+    assert open(b).read() == "bb"
+    assert not os.path.exists(os.path.join(placed, "pkg", "out.txt"))
+
+
+def _write_blob(tmp_path, i: int, data: bytes) -> str:
+    path = str(tmp_path / f"blob-{i}")
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
