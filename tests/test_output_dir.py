@@ -155,3 +155,25 @@ def test_bad_output_dirs_and_output_dir_outside_a_job(agents, tmp_path):
     assert _on(agents, None)(lambda: __import__("os").environ.get(
         "REMOTE_TPU_OUTPUT_DIR"))() is None                     # none asked for: none made
     assert time.time() - started < 60
+
+
+@pytest.mark.slow
+def test_the_extraction_example_writes_every_hosts_activations(gcs):
+    import subprocess
+    import sys
+
+    import numpy as np
+    from conftest import ROOT
+
+    gcs.make_bucket("acts")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "extract_to_gcs.py"),
+                           "--output-dir", "gs://acts/run", "--examples", "10"],
+                          capture_output=True, text=True, timeout=170, cwd=ROOT,
+                          env={**os.environ, **gcs.env()})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = _objects(gcs, "acts")
+    rows = {name.split("/")[2]: np.load(__import__("io").BytesIO(data)).shape
+            for name, data in got.items() if name.endswith("activations.npy")}
+    assert rows == {"host_0": (5, 16), "host_1": (5, 16)}
+    assert any(name.endswith("/model.txt") for name in got)
+    assert "gs://acts/run/" in proc.stdout and "host_1/activations.npy" in proc.stdout
