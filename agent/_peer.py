@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import grpc
 
@@ -128,6 +128,20 @@ class PeerRole:
                     blobs=call_paths, working_dir=working_dir, data=data,
                     gcs_data=list(spec.gcs_data))
 
+    def _prepare(self, spec: pb.JobSpec, payload: bytes | str, record: JobRecord,
+                 paths: list[str], host: int) -> Generator[pb.Event, None, Call | None]:
+        """The worker's call (``_call``), what preparing it said yielded as the
+        host's stderr; None, once the host's failure is yielded, if it failed."""
+        said: list[str] = []
+        try:
+            call = self._call(spec, payload, record, paths, said.append)
+        except (OSError, ValueError, EnvError) as exc:
+            yield from _lines(host, record, said)
+            yield self._unplaced(host, exc)
+            return None
+        yield from _lines(host, record, said)
+        return call
+
     def _unplaced(self, host: int, exc: BaseException) -> pb.Event:
         return pb.Event(host=host, exited=pb.HostReport(
             host=host, state=pb.HOST_STATE_FAILED, exited=True, finished_at=time.time(),
@@ -147,15 +161,10 @@ class PeerRole:
                 requests: Iterator[pb.RunRequest], record: JobRecord,
                 context: grpc.ServicerContext, blob_paths: list[str],
                 pinned: list[pb.BlobRef]) -> Iterator[pb.Event]:
-        said: list[str] = []
-        try:
-            call = self._call(spec, payload, record, blob_paths, said.append)
-        except (OSError, ValueError, EnvError) as exc:
-            yield from _lines(spec.process_id, record, said)
-            yield self._unplaced(spec.process_id, exc)
-            record.set_phase(pb.JOB_PHASE_FAILED, str(exc))
+        call = yield from self._prepare(spec, payload, record, blob_paths, spec.process_id)
+        if call is None:
+            record.set_phase(pb.JOB_PHASE_FAILED, "the call could not be prepared on this host")
             return
-        yield from _lines(spec.process_id, record, said)
         events = EventQueue()
         nexts: queue.Queue = queue.Queue()      # a warm session's next calls; None: no more
         run = WorkerRun(host=spec.process_id, call=call,
@@ -271,15 +280,10 @@ class PeerRole:
             return
         self._host.blobs.unpin(pinned)          # the last call's: its worker mapped them
         pinned[:] = refs_of(spec)
-        said: list[str] = []
-        try:
-            call = self._call(spec, payload, record, paths, said.append)
-        except (OSError, ValueError, EnvError) as exc:
-            yield from _lines(run.host, record, said)
-            yield self._unplaced(run.host, exc)
+        call = yield from self._prepare(spec, payload, record, paths, run.host)
+        if call is None:
             events.put(None)
             return
-        yield from _lines(run.host, record, said)
         outputs[0] = self._outputs(spec, record)
         if not run.next_call(call, events.put):
             yield pb.Event(host=run.host, exited=pb.HostReport(

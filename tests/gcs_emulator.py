@@ -117,3 +117,20 @@ def gcs():
     """A running emulator, shared by the tests of one module."""
     with GcsEmulator() as emulator:
         yield emulator
+
+
+@pytest.fixture(scope="module")
+def gcs_env():
+    """A running emulator that this process, and the agents it starts, use
+    (its variables set in os.environ while the module's tests run)."""
+    with GcsEmulator() as emulator:
+        saved = {k: os.environ.get(k) for k in emulator.env()}
+        os.environ.update(emulator.env())
+        try:
+            yield emulator
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v

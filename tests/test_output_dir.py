@@ -13,24 +13,14 @@ import remote_tpu
 from remote_tpu._core.exceptions import ConfigurationError
 
 from conftest import Agents, wait_until
-from gcs_emulator import GcsEmulator
+from gcs_emulator import gcs_env  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def gcs():
-    with GcsEmulator() as emulator:
-        saved = {k: os.environ.get(k) for k in emulator.env()}
-        os.environ.update(emulator.env())          # the agents (and this client) use it
-        try:
-            yield emulator
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+def gcs(gcs_env):
+    return gcs_env
 
 
 @pytest.fixture(scope="module")
