@@ -25,6 +25,7 @@ _LAZY = {
     "JobHandle": "._jobs", "JobStatus": "._jobs", "attach": "._jobs", "jobs": "._jobs",
     "release": "._jobs",
     "JaxTimeouts": "._options",
+    "Retries": "._retries",
     "output_dir": "._output_files",
     "Topology": "._core.topology",
     "__version__": "._core.versions",
@@ -39,6 +40,7 @@ if _TYPE_CHECKING:
     from ._jobs import JobHandle, JobStatus, attach, jobs, release
     from ._options import JaxTimeouts
     from ._output_files import output_dir
+    from ._retries import Retries
 
 
 def __getattr__(name: str) -> object:
@@ -68,6 +70,7 @@ __all__ = [
     "RemoteFunction",
     "RemoteTPUError",
     "RemoteTraceback",
+    "Retries",
     "SerializationError",
     "TLS",
     "Topology",

@@ -78,8 +78,10 @@ def _target(options: RunOptions) -> Target:
                           tls=options.tls)
 
 
-def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) -> pb.JobSpec:
-    """The job's spec, once the gateway holds its tree (working_dir=)."""
+def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
+          attempt: int = 0) -> pb.JobSpec:
+    """The job's spec, once the gateway holds its tree (working_dir=); with
+    retries=, REMOTE_TPU_ATTEMPT says which attempt it is."""
     topology = options.topology
     jt = options.jax_timeouts
     tree = None
@@ -87,7 +89,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) ->
         from . import _workdir
         tree = _workdir.prepare(target, options.working_dir)
     data = _data_trees(target, payload)
-    return pb.JobSpec(
+    spec = pb.JobSpec(
         client_versions=versions_pb(), job_id=job_id, accelerator=topology.name,
         num_hosts=topology.hosts, role=pb.ROLE_GATEWAY, hosts=target.hosts,
         stream=_STREAM_MODES[options.stream], env=dict(options.env),
@@ -106,6 +108,9 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target) ->
         data=data, gcs_data=list(dict.fromkeys(getattr(payload, "data", None).gcs
                                                if getattr(payload, "data", None) else [])),
     )
+    if options.retries is not None:
+        spec.env["REMOTE_TPU_ATTEMPT"] = str(attempt)
+    return spec
 
 
 def _data_trees(target: Target, payload: Payload) -> list[pb.WorkingDir]:
@@ -130,12 +135,12 @@ def _data_trees(target: Target, payload: Payload) -> list[pb.WorkingDir]:
     return trees
 
 
-def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
+def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0) -> Any:
     """Run attached: output shown live, the value returned; the job is cancelled
     on every host if this call is interrupted or this process goes away."""
     target = _target(options)
     payload, refs = _with_blobs(target, payload)
-    spec = _spec(options, payload, job_id, target)
+    spec = _spec(options, payload, job_id, target, attempt)
     spec.blobs.extend(refs)
     if options.keep_warm and not target.local:
         _release_at_exit(target)
@@ -143,7 +148,7 @@ def call(options: RunOptions, payload: Payload, job_id: str) -> Any:
         stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
     except BlobsMissing:         # evicted since they were sent: they go inside this time
         payload = payload.inline()
-        spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target)
+        spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target, attempt)
         job_id = spec.job_id
         stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
     label = "process" if options.processes_per_host > 1 else "host"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -34,14 +35,22 @@ class RemoteFunction(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         from ._client import call, new_job_id
 
+        from ._retries import run as with_retries
+
         payload = self._payload(args, kwargs)          # fails here, before sending
-        return call(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
+        name = getattr(self._fn, "__name__", "job")
+        return with_retries(self.options.retries,
+                            lambda attempt: call(self.options, payload, new_job_id(name),
+                                                 attempt))
 
     def submit(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
         """Start the job and return its handle at once; it keeps running when
         this process ends (except on a local slice, which ends with it)."""
         from ._client import new_job_id, submit
 
+        if self.options.retries is not None:
+            warnings.warn("retries= applies to calls that wait for their value: this "
+                          "submitted job runs once", UserWarning, stacklevel=2)
         payload = self._payload(args, kwargs)
         return submit(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
 
@@ -99,6 +108,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         staging: str | None = None,
         requirements: Sequence[str] | str | os.PathLike | None = None,
         allow_jax_requirements: bool = False,
+        retries: int | Any = None,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -153,6 +163,15 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         so its jax and libtpu stay; the workers run in it. A requirement on jax,
         jaxlib, libtpu, cloudpickle or remote-tpu is refused unless
         ``allow_jax_requirements=True``.
+    retries: an int (retries after an end of either kind) or
+        ``remote_tpu.Retries(preemptions=100, failures=0, backoff=10)``
+        (``REMOTE_TPU_RETRIES``): a preemption (a host's VM preempted or gone,
+        its agent restarted) and a failure of the function (it raised, its
+        worker died, it timed out) are counted apart. Each attempt is a new job
+        with ``REMOTE_TPU_ATTEMPT`` (0, 1, ...) set, to resume from a checkpoint;
+        each retry is said on stderr; the last error carries the earlier
+        attempts' causes. For calls that wait for their value (a submitted job
+        runs once).
     """
     if fn is not None:
         raise ConfigurationError(
@@ -164,7 +183,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
                       processes_per_host=processes_per_host, keep_warm=keep_warm,
                       init_jax=init_jax, working_dir=working_dir, output_dir=output_dir,
                       staging=staging, requirements=requirements,
-                      allow_jax_requirements=allow_jax_requirements)
+                      allow_jax_requirements=allow_jax_requirements, retries=retries)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

@@ -47,6 +47,7 @@ class RunOptions:
     staging: str = ""                 # gs://bucket/prefix for local remote_tpu.Data; "" = none
     requirements: tuple[str, ...] = ()  # pip requirement lines
     allow_jax_requirements: bool = False
+    retries: object = None            # a _retries.Retries, or None
 
     @property
     def local(self) -> bool:
@@ -181,6 +182,21 @@ def _requirements(value: Sequence[str] | str | os.PathLike | None,
     return kept
 
 
+def _retries(value: object) -> object:
+    """``retries=``: an int, a remote_tpu.Retries, or None (``REMOTE_TPU_RETRIES``)."""
+    from ._retries import coerce
+
+    if value is None:
+        raw = _from_env("REMOTE_TPU_RETRIES")
+        if raw is not None:
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ConfigurationError(f"REMOTE_TPU_RETRIES={raw!r} is not a number of "
+                                         "retries") from None
+    return coerce(value)
+
+
 def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | None,
             timeout: float | None, stream: str | None,
             env: Mapping[str, str] | None, jax_timeouts: JaxTimeouts | None,
@@ -190,7 +206,8 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
             output_dir: str | os.PathLike | None = None,
             staging: str | None = None,
             requirements: Sequence[str] | str | os.PathLike | None = None,
-            allow_jax_requirements: bool = False) -> RunOptions:
+            allow_jax_requirements: bool = False,
+            retries: object = None) -> RunOptions:
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
@@ -255,4 +272,5 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         staging=_staging(staging),
         requirements=_requirements(requirements, allow_jax_requirements),
         allow_jax_requirements=allow_jax_requirements,
+        retries=_retries(retries),
     )

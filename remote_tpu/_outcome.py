@@ -179,7 +179,14 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
                                     "final report; see its log")
     for notice in end.notices:
         print(f"remote_tpu: {notice}", file=sys.stderr, flush=True)
-    raise_for_end(end, accelerator=accelerator, job_id=job_id)
+    try:
+        raise_for_end(end, accelerator=accelerator, job_id=job_id)
+    except BaseException as exc:
+        try:
+            exc.remote_tpu_end = end            # how it ended, for retries= (_retries)
+        except (AttributeError, TypeError):
+            pass
+        raise
     data = value.data(job_id)
     if value.digest.digest() != end.result_digest:
         raise SerializationError(f"the return value of job {job_id} arrived corrupted (its "
