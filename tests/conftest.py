@@ -179,6 +179,18 @@ def _private_config_home(tmp_path_factory):
         os.environ["XDG_CONFIG_HOME"] = old
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_it_was():
+    """What a test (or a library it imports: jax sets TPU_SKIP_MDS_QUERY at
+    import) puts in this process's environment does not reach the agents of
+    later tests."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
 def hold_open(path: str) -> subprocess.Popen:
     """A live process that is not an agent's holding ``path`` open, as libtpu would."""
     proc = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
