@@ -289,6 +289,11 @@ class _Send:
         finally:
             self._dead.set()
 
+    @property
+    def dead(self) -> bool:
+        """The call is over (refused, failed or done): it takes no more."""
+        return self._dead.is_set()
+
     def put(self, data: bytes | None) -> None:
         while not self._dead.is_set():
             try:
@@ -315,29 +320,14 @@ def _failures(address: str, reply: pb.BlobStored) -> list[str]:
         list(reply.onward_failed)
 
 
-def send_blob(address: str, ref: pb.BlobRef, data: Callable[[], Iterator[bytes]],
-              forward_to: Sequence[str], credentials: Credentials) -> list[str]:
-    """Send one buffer (``data()``'s chunks) to the agent at ``address`` (and,
-    through it, to ``forward_to``); what failed."""
-    def requests() -> Iterator[pb.BlobChunk]:
-        yield pb.BlobChunk(blob=ref, forward_to=list(forward_to))
-        for chunk in data():
-            yield pb.BlobChunk(data=chunk)
-    try:
-        reply = stub(address, credentials).PutBlob(requests(), metadata=credentials.metadata,
-                                                   timeout=upload_deadline(ref.size))
-    except grpc.RpcError as exc:
-        return [f"{address}: {exc.code().name}: {exc.details()}"] + \
-            [f"{a}: not reached" for a in forward_to]
-    return _failures(address, reply)
-
-
-def file_chunks(path: str) -> Callable[[], Iterator[bytes]]:
-    def read() -> Iterator[bytes]:
-        with open(path, "rb") as f:
-            while chunk := f.read(CHUNK_SIZE):
-                yield chunk
-    return read
+def send_file(address: str, ref: pb.BlobRef, path: str, credentials: Credentials
+              ) -> list[str]:
+    """Send one cached buffer (its file) to the agent at ``address``; what failed."""
+    send = _Send(address, [], ref, credentials)
+    with open(path, "rb") as f:
+        while not send.dead and (chunk := f.read(CHUNK_SIZE)):
+            send.put(chunk)
+    return send.finish()
 
 
 def ensure_on(addresses: Sequence[str], refs: Sequence[pb.BlobRef], cache: BlobCache,
@@ -357,8 +347,7 @@ def ensure_on(addresses: Sequence[str], refs: Sequence[pb.BlobRef], cache: BlobC
         for ref, there in zip(refs, present):
             if there:
                 continue
-            failed = send_blob(address, ref, file_chunks(cache.path(ref.digest)), (),
-                               credentials)
+            failed = send_file(address, ref, cache.path(ref.digest), credentials)
             if failed:
                 return f"could not receive the call's arguments: {'; '.join(failed)}"
         return ""

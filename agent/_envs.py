@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from remote_tpu._core import digests
+from remote_tpu._core.dirs import prune_oldest
 from remote_tpu._core.requirements import protected, refusal
 
 KEEP = 4
@@ -56,7 +57,7 @@ class Envs:
                     shutil.rmtree(path, ignore_errors=True)
                     raise
             os.utime(path)
-            self._evict(path)
+            prune_oldest(self.root, KEEP, {path})
         return python
 
     def _make(self, path: str, python: str, requirements: Sequence[str],
@@ -91,10 +92,3 @@ class Envs:
                            f"exited with {proc.returncode}); its last lines:\n"
                            + "\n".join(tail))
         open(os.path.join(path, ".remote_tpu-ready"), "w").close()
-
-    def _evict(self, keep: str) -> None:
-        envs = sorted(((e.stat().st_mtime, e.path) for e in os.scandir(self.root)
-                       if e.is_dir()), reverse=True)
-        for _, path in envs[KEEP:]:
-            if path != keep:
-                shutil.rmtree(path, ignore_errors=True)

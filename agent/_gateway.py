@@ -121,8 +121,7 @@ class GatewayRole:
             call_paths, tree, data = place_job(self._host.workdirs, spec, record.blob_paths)
             python = self._host.envs.python_for(
                 spec.requirements, spec.allow_jax_requirements,
-                lambda line: record.append_output(0, pb.OUTPUT_STREAM_STDERR,
-                                                  f"{line}\n".encode()))
+                lambda line: record.say(0, line))
         except (OSError, ValueError, EnvError) as exc:
             raise JobRefused(f"host 0 ({self._host.endpoint()}) could not prepare the job: "
                              f"{exc}") from exc

@@ -89,6 +89,17 @@ class JobRecord:
             with self.changed:
                 self.touch()
 
+    def say(self, host: int, line: str) -> bytes:
+        """A line of this host's stderr from the agent itself (an installer's
+        output, an upload that failed), stored like the worker's (a full store
+        only counts it); its bytes."""
+        data = f"{line}\n".encode()
+        try:
+            self.append_output(host, pb.OUTPUT_STREAM_STDERR, data)
+        except StoreFull:
+            pass
+        return data
+
     def dropped_output(self) -> int:
         """Bytes of output that could not be stored (the disk was full)."""
         with self.changed:

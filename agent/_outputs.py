@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from remote_tpu._core.channels import Credentials, stub
+from remote_tpu._core.gcs import failure
 from remote_tpu._core.limits import CHUNK_SIZE
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
@@ -171,7 +172,7 @@ class OutputSync:
         log.warning("job %s: %s", self._job_id, why)
         if not self._stop.is_set():
             try:
-                self._warn(max(owner, self._ids[0] if self._ids else 0), why)
+                self._warn(max(owner, self._ids[0] if self._ids else 0), f"remote_tpu: {why}")
             except Exception:  # noqa: BLE001 - a full store, say: the log has it
                 pass
         return why
@@ -179,19 +180,9 @@ class OutputSync:
 
 def _explain(exc: Exception, where: str) -> str:
     """What went wrong with an upload, and what to do."""
-    code = getattr(exc, "code", None)
-    text = str(getattr(exc, "message", "") or exc).splitlines()[0][:300]
-    bucket = where[len("gs://"):].split("/", 1)[0] if where.startswith("gs://") else where
-    if code == 403:
-        hint = (f"this host's service account lacks storage.objects.create on bucket "
-                f"{bucket} (grant it roles/storage.objectCreator)")
-    elif code == 404:
-        hint = f"bucket {bucket} does not exist (create it, or fix output_dir=)"
-    elif code == 401 or "credentials" in text.lower():
-        hint = "this host has no Google Cloud credentials (application default credentials)"
-    else:
-        hint = "it is tried again at the next pass and as the job ends"
-    return f"could not upload output {where}: {text}; {hint}"
+    return f"could not upload output {where}: " + failure(
+        exc, where, "storage.objects.create",
+        otherwise="it is tried again at the next pass and as the job ends")
 
 
 def own_files(state_dir: str, job_id: str) -> Iterator[pb.OutputChunk]:

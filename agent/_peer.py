@@ -256,9 +256,7 @@ class PeerRole:
                              "the gateway went away before this host finished")
 
     def _outputs(self, spec: pb.JobSpec, record: JobRecord) -> OutputSync:
-        return OutputSync(spec, self._host.store.state_dir, [spec.process_id],
-                          lambda host, line: record.append_output(
-                              host, pb.OUTPUT_STREAM_STDERR, f"remote_tpu: {line}\n".encode()),
+        return OutputSync(spec, self._host.store.state_dir, [spec.process_id], record.say,
                           self._host.output_interval).start()
 
     def _next_call(self, run: WorkerRun, nexts: queue.Queue, events: EventQueue,
@@ -296,9 +294,5 @@ def _lines(host: int, record: JobRecord, lines: list[str]) -> Iterator[pb.Event]
     """What the agent itself said for this host (an installer's output), as
     the host's stderr: kept here, and sent to the gateway."""
     for line in lines:
-        data = f"{line}\n".encode()
-        try:
-            record.append_output(host, pb.OUTPUT_STREAM_STDERR, data)
-        except StoreFull:
-            pass
-        yield pb.Event(host=host, output=pb.Output(stream=pb.OUTPUT_STREAM_STDERR, data=data))
+        yield pb.Event(host=host, output=pb.Output(stream=pb.OUTPUT_STREAM_STDERR,
+                                                   data=record.say(host, line)))

@@ -276,9 +276,7 @@ class Scheduler:
         log.info("job %s: running on %d host(s)", record.job_id, job.n)
         outputs = OutputSync(record.spec, record.store.state_dir,   # this host's processes
                              list(range(processes_per_host(record.spec))),
-                             lambda host, line: record.append_output(
-                                 host, pb.OUTPUT_STREAM_STDERR, f"remote_tpu: {line}\n".encode()),
-                             self._output_interval).start()
+                             record.say, self._output_interval).start()
         try:
             for event in job.run():
                 if event.HasField("output"):

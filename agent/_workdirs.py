@@ -19,6 +19,7 @@ import stat
 import tempfile
 import threading
 
+from remote_tpu._core.dirs import prune_oldest
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 KEEP = 4
@@ -82,10 +83,11 @@ class WorkingDirs:
         target = os.path.join(self.root, name)
         with self._lock:
             os.makedirs(self.root, mode=0o700, exist_ok=True)
+            changed = True
             if os.path.isdir(target):
                 if job and self._restored.get(name) == job:
                     return target
-                _restore(tree, paths, target, self._written(name))
+                changed = _restore(tree, paths, target, self._written(name))
             else:
                 building = tempfile.mkdtemp(dir=self.root, prefix=".building-")
                 try:
@@ -94,7 +96,9 @@ class WorkingDirs:
                 except BaseException:
                     shutil.rmtree(building, ignore_errors=True)
                     raise
-            self._remember(name, target, tree)
+            if changed:
+                self._remember(name, target, tree)
+            os.utime(target)                       # its last use, for evict
             self._restored[name] = job
             if evict:
                 self.evict({name})
@@ -116,7 +120,6 @@ class WorkingDirs:
             seen[f.path] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode]
         with open(os.path.join(self.root, name + ".json"), "w") as out:
             json.dump(seen, out)
-        os.utime(target)                       # its last use, for evict
 
     def evict(self, keep: set[str]) -> None:
         """Remove the trees used longest ago beyond KEEP (never those of ``keep``)."""
@@ -124,20 +127,18 @@ class WorkingDirs:
             self._evict(keep)
 
     def _evict(self, keep: set[str]) -> None:
-        trees = []
         for entry in os.scandir(self.root):
-            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
-                trees.append((entry.stat().st_mtime, entry.name))
-            elif entry.name.startswith(".building-"):    # a build an agent died during
+            if entry.name.startswith(".building-"):      # a build an agent died during
                 shutil.rmtree(entry.path, ignore_errors=True)
-        trees.sort(reverse=True)
-        for _, name in trees[max(KEEP, len(keep)):]:
-            if name not in keep:
-                _remove(os.path.join(self.root, name))
-                try:
-                    os.unlink(os.path.join(self.root, name + ".json"))
-                except OSError:
-                    pass
+
+        def remove(path: str) -> None:
+            _remove(path)
+            try:
+                os.unlink(path + ".json")
+            except OSError:
+                pass
+        prune_oldest(self.root, max(KEEP, len(keep)),
+                     {os.path.join(self.root, name) for name in keep}, remove)
 
 
 def _remove(path: str) -> None:
@@ -190,9 +191,10 @@ def _write_all(tree: pb.WorkingDir, paths: list[str], directory: str) -> None:
 
 
 def _restore(tree: pb.WorkingDir, paths: list[str], target: str,
-             written: dict[str, list[int]]) -> None:
+             written: dict[str, list[int]]) -> bool:
     """Put back what an earlier job changed in ``target``: files rewritten,
-    removed or added (and directories it made), so it holds the tree alone."""
+    removed or added (and directories it made), so it holds the tree alone.
+    Whether any file had to be written again."""
     wanted = {f.path: f for f in tree.files}
     parents = {os.path.dirname(p) for p in wanted}
     parents |= {"/".join(p.split("/")[:i]) for p in parents for i in range(len(p.split("/")))}
@@ -221,7 +223,10 @@ def _restore(tree: pb.WorkingDir, paths: list[str], target: str,
                 os.rmdir(directory)              # a directory a job made, now empty
             except OSError:
                 pass
+    changed = False
     for f in tree.files:
         path = os.path.join(target, f.path)
         if not os.path.isfile(path) or os.path.islink(path):
             _write_file(f, paths, target)
+            changed = True
+    return changed

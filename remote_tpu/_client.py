@@ -88,7 +88,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
     if options.working_dir:
         from . import _workdir
         tree = _workdir.prepare(target, options.working_dir)
-    data = _data_trees(target, payload)
+    data, gcs = _data_trees(target, payload)
     spec = pb.JobSpec(
         client_versions=versions_pb(), job_id=job_id, accelerator=topology.name,
         num_hosts=topology.hosts, role=pb.ROLE_GATEWAY, hosts=target.hosts,
@@ -105,20 +105,20 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         collect_outputs=bool(options.output_dir) and not options.output_dir.startswith("gs://"),
         requirements=list(options.requirements),
         allow_jax_requirements=options.allow_jax_requirements,
-        data=data, gcs_data=list(dict.fromkeys(getattr(payload, "data", None).gcs
-                                               if getattr(payload, "data", None) else [])),
+        data=data, gcs_data=gcs,
     )
     if options.retries is not None:
         spec.env["REMOTE_TPU_ATTEMPT"] = str(attempt)
     return spec
 
 
-def _data_trees(target: Target, payload: Payload) -> list[pb.WorkingDir]:
+def _data_trees(target: Target, payload: Payload) -> tuple[list[pb.WorkingDir], list[str]]:
     """The call's local remote_tpu.Data: staged to GCS (unless there already),
-    or sent to the gateway's argument cache (what it lacks); their trees."""
+    or sent to the gateway's argument cache (what it lacks); their trees, and
+    the gs:// URIs the hosts fetch."""
     met = getattr(payload, "data", None)
     if met is None:
-        return []
+        return [], []
     if met.staged:
         from ._data import stage
         for data, where in met.staged:
@@ -132,7 +132,7 @@ def _data_trees(target: Target, payload: Payload) -> list[pb.WorkingDir]:
                 f"({sum(b.size for b in buffers):,} bytes) in its argument cache: start the "
                 "agents with a larger --cache-bytes, or pass staging='gs://bucket/prefix'")
         trees.append(tree)
-    return trees
+    return trees, list(dict.fromkeys(met.gcs))
 
 
 def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0) -> Any:

@@ -66,10 +66,8 @@ class Data:
             tree, buffers = _workdir.describe(self.path, limit=None,
                                               files=_workdir.scan(self.path, ignore=False))
             return tree, buffers, ""
-        st = os.stat(self.path)
         name = os.path.basename(self.path)
-        one = _workdir._File(name, self.path, st.st_size, bool(st.st_mode & 0o100),
-                             (self.path, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+        one = _workdir._File.of(name, self.path, os.stat(self.path))
         tree, buffers = _workdir.describe(os.path.dirname(self.path), limit=None, files=[one])
         return tree, buffers, name
 

@@ -38,6 +38,11 @@ class _File:
     executable: bool
     signature: tuple          # what changes when its content may have
 
+    @classmethod
+    def of(cls, rel: str, path: str, st: os.stat_result) -> _File:
+        return cls(rel, path, st.st_size, bool(st.st_mode & 0o100),
+                   (path, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+
 
 def _human(n: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB"):
@@ -120,9 +125,7 @@ def scan(root: str, ignore: bool = True) -> list[_File]:
             except OSError:
                 continue                      # a dangling link
             if stat.S_ISREG(st.st_mode):
-                files.append(_File(rel, path, st.st_size, bool(st.st_mode & 0o100),
-                                   (path, st.st_size, st.st_mtime_ns, st.st_ino,
-                                    st.st_ctime_ns)))
+                files.append(_File.of(rel, path, st))
     files.sort(key=lambda f: f.rel)
     return files
 

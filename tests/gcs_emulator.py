@@ -1,5 +1,6 @@
 """A real Google Cloud Storage emulator (PyPI ``gcp-storage-emulator``) run as a
-subprocess on loopback. Use: ``from gcs_emulator import gcs`` (module fixture),
+subprocess on loopback. Use: ``from gcs_emulator import gcs`` (a module fixture that
+also points this process and the agents its tests start at it),
 ``gcs.make_bucket("data")``, ``gcs.client()``, ``env={**os.environ, **gcs.env()}``.
 
 Checked against it with google-cloud-storage 3.x:
@@ -114,13 +115,6 @@ class GcsEmulator:
 
 @pytest.fixture(scope="module")
 def gcs():
-    """A running emulator, shared by the tests of one module."""
-    with GcsEmulator() as emulator:
-        yield emulator
-
-
-@pytest.fixture(scope="module")
-def gcs_env():
     """A running emulator that this process, and the agents it starts, use
     (its variables set in os.environ while the module's tests run)."""
     with GcsEmulator() as emulator:

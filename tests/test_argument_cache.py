@@ -330,3 +330,26 @@ def test_the_memory_cache_of_a_killed_agent_is_removed_by_the_next_agent():
     finally:
         second.stop()
         first.stop()
+
+
+def test_a_peer_lacking_a_buffer_is_sent_it_from_the_gateways_cache(pair, tmp_path):
+    """Before a job starts, the gateway sends each peer the buffers it lacks
+    (evicted, or never passed on) from its own cache (ensure_on)."""
+    from remote_tpu._core import digests
+    from remote_tpu._core.channels import Credentials, stub
+    from remote_tpu._core.proto import remote_tpu_pb2 as pb
+    from remote_tpu_agent._blobs import BlobCache, ensure_on
+
+    data = os.urandom(3 * CHUNK_SIZE + 5)
+    ref = pb.BlobRef(digest=digests.of(data), size=len(data))
+    cache = BlobCache(str(tmp_path / "cache"), 1 << 30)
+    credentials = Credentials(token=pair.token)
+    cache.receive(iter([pb.BlobChunk(blob=ref, data=data)]), credentials, lambda: [])
+    peer = pair.addresses[1]
+    ask = lambda: list(stub(peer, credentials).HaveBlobs(     # noqa: E731
+        pb.BlobQuery(blobs=[ref]), timeout=10, metadata=credentials.metadata).present)
+    assert ask() == [False]
+    assert ensure_on([peer], [ref], cache, credentials) == {}
+    assert ask() == [True]
+    assert ensure_on([peer], [ref], cache, credentials) == {}    # there now: nothing sent
+    cache.close()

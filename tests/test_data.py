@@ -13,14 +13,9 @@ from remote_tpu import _blobs
 from remote_tpu._core.exceptions import ConfigurationError
 
 from conftest import Agents
-from gcs_emulator import gcs_env  # noqa: F401 - a fixture
+from gcs_emulator import gcs  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def gcs(gcs_env):
-    return gcs_env
 
 
 @pytest.fixture(scope="module")

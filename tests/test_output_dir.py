@@ -13,14 +13,9 @@ import remote_tpu
 from remote_tpu._core.exceptions import ConfigurationError
 
 from conftest import Agents, wait_until
-from gcs_emulator import gcs_env  # noqa: F401 - a fixture
+from gcs_emulator import gcs  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def gcs(gcs_env):
-    return gcs_env
 
 
 @pytest.fixture(scope="module")

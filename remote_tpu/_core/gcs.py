@@ -20,6 +20,7 @@ import shutil
 import tempfile
 
 from . import digests
+from .dirs import prune_oldest
 from .exceptions import ConfigurationError
 
 KEEP = 8
@@ -36,15 +37,26 @@ def split(uri: str) -> tuple[str, str]:
     return bucket, name
 
 
-def explain(exc: Exception, uri: str, need: str) -> ConfigurationError:
+def failure(exc: Exception, uri: str, need: str, otherwise: str = "see the error above"
+            ) -> str:
+    """What a storage call on ``uri`` that needed permission ``need`` ran into,
+    and what to do: a missing bucket, a missing permission, no credentials."""
     code = getattr(exc, "code", None)
     bucket = split(uri)[0]
-    hint = {403: f"these credentials lack {need} on bucket {bucket}",
-            404: f"bucket {bucket} does not exist",
-            401: "no Google Cloud credentials here (application default credentials)"
-            }.get(code, "see the error above")
     text = str(getattr(exc, "message", "") or exc).splitlines()[0][:300]
-    return ConfigurationError(f"{uri}: {type(exc).__name__}: {text}; {hint}")
+    if code == 403:
+        hint = f"these credentials lack {need} on bucket {bucket}"
+    elif code == 404:
+        hint = f"bucket {bucket} does not exist"
+    elif code == 401 or "credentials" in text.lower():
+        hint = "no Google Cloud credentials here (application default credentials)"
+    else:
+        hint = otherwise
+    return f"{type(exc).__name__}: {text}; {hint}"
+
+
+def explain(exc: Exception, uri: str, need: str) -> ConfigurationError:
+    return ConfigurationError(f"{uri}: {failure(exc, uri, need)}")
 
 
 def local_copy(uri: str) -> str:
@@ -103,17 +115,13 @@ def local_copy(uri: str) -> str:
         with open(os.path.join(root, "manifest.json"), "w") as f:
             json.dump({rel: [b.size, b.generation] for rel, b in want.items()}, f)
         os.utime(root)
-    _evict(cache, keep=root)
+    prune_oldest(cache, KEEP, {root}, _remove)
     return result
 
 
-def _evict(cache: str, keep: str) -> None:
-    entries = sorted(((e.stat().st_mtime, e.path) for e in os.scandir(cache) if e.is_dir()),
-                     reverse=True)
-    for _, path in entries[KEEP:]:
-        if path != keep:
-            shutil.rmtree(path, ignore_errors=True)
-            try:
-                os.unlink(path + ".lock")
-            except OSError:
-                pass
+def _remove(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.unlink(path + ".lock")
+    except OSError:
+        pass

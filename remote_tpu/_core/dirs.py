@@ -1,0 +1,25 @@
+"""Caches kept as directories (a host's trees, environments, gs:// copies):
+the ones used longest ago go first."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Collection
+
+
+def prune_oldest(root: str, keep: int, protect: Collection[str] = (),
+                 remove: Callable[[str], None] | None = None) -> None:
+    """Keep the ``keep`` directories under ``root`` used last (by mtime: touch
+    one as it is used) and those named in ``protect`` (paths); ``remove(path)``
+    removes each other one (by default, the directory). Hidden ones (work in
+    progress) are left alone."""
+    try:
+        entries = [e for e in os.scandir(root)
+                   if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+    except FileNotFoundError:
+        return
+    entries.sort(key=lambda e: e.stat().st_mtime, reverse=True)
+    for entry in entries[keep:]:
+        if entry.path not in protect:
+            (remove or (lambda p: shutil.rmtree(p, ignore_errors=True)))(entry.path)
