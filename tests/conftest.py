@@ -52,6 +52,15 @@ def live_workers() -> list[psutil.Process]:
     return out
 
 
+def alive(p: psutil.Process) -> bool:
+    """Whether ``p`` still runs: a zombie, or a process gone between two
+    looks at /proc, is not alive (never raises)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

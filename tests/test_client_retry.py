@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import remote_tpu
-from conftest import Agents, free_port, wait_until
+from conftest import Agents, alive, free_port, wait_until
 from remote_tpu._core.auth import TOKEN_ENV, new_token
 from remote_tpu._client import upload_deadline
 
@@ -68,13 +68,6 @@ class _WatchedStdout(io.StringIO):
         if self.text in self.getvalue():
             self.seen.set()
         return n
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _answer():
@@ -176,7 +169,7 @@ def test_run_is_not_retried_once_an_event_arrived(monkeypatch, capsys):
         assert not t.is_alive()
         assert time.monotonic() - killed < 5, "the call was retried after an event"
         assert isinstance(errors[0], remote_tpu.AgentUnavailableError), errors
-        assert workers and wait_until(lambda: not any(map(_alive, workers)), timeout=10), \
+        assert workers and wait_until(lambda: not any(map(alive, workers)), timeout=10), \
             "a worker outlived its agent"
     finally:
         agents.stop()

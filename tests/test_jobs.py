@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import remote_tpu
-from conftest import Agents, live_workers, wait_until
+from conftest import Agents, alive, live_workers, wait_until
 from remote_tpu import _client
 from remote_tpu._core.serialization import dumps_call
 
@@ -217,8 +217,7 @@ def test_agent_restart_keeps_finished_jobs_and_marks_the_running_one_lost(tmp_pa
         assert wait_until(lambda: running.logs() == "running at the crash\n", 60)
         worker = _workers_of(running.id)[0]
         agents.procs[0].kill()
-        assert wait_until(lambda: not worker.is_running() or
-                          worker.status() == psutil.STATUS_ZOMBIE, 5), \
+        assert wait_until(lambda: not alive(worker), 5), \
             "the worker outlived its agent"
         agents.restart(0)
         done = remote_tpu.attach(done.id, hosts=agents.addresses[0], token=agents.token)

@@ -9,7 +9,7 @@ import signal
 import psutil
 import pytest
 
-from conftest import Agents, on_agents, wait_until
+from conftest import Agents, alive, on_agents, wait_until
 from remote_tpu_agent._spares import fits
 
 pytestmark = pytest.mark.timeout(180)
@@ -108,8 +108,7 @@ def test_no_spare_outlives_its_agent(how):
         spare = _one_spare(agents.procs[0].pid)
         agents.procs[0].send_signal(how)
         agents.procs[0].wait(15)
-        assert wait_until(lambda: not spare.is_running() or
-                          spare.status() == psutil.STATUS_ZOMBIE, timeout=10), \
+        assert wait_until(lambda: not alive(spare), timeout=10), \
             "the spare worker outlived its agent"
     finally:
         agents.stop()

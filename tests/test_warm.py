@@ -13,7 +13,7 @@ import pytest
 import remote_tpu
 import psutil
 
-from conftest import ROOT, Agents, is_idle_spare, wait_until
+from conftest import ROOT, Agents, alive, is_idle_spare, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -271,8 +271,7 @@ def test_ctrl_c_in_a_warm_call_stops_every_host_and_the_next_call_starts_fresh(s
         time.sleep(1)                        # the second call is running on both hosts
         proc.send_signal(__import__("signal").SIGINT)
         assert proc.stdout.readline().strip() == "interrupted"
-        assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-                                          for p in workers), timeout=5)
+        assert wait_until(lambda: not any(map(alive, workers)), timeout=5)
         assert proc.stdout.readline().strip() == "next 1"      # fresh workers, empty state
     finally:
         out, err = _finish(proc)
