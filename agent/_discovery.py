@@ -28,6 +28,7 @@ from collections.abc import Mapping
 
 from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.addresses import join_host_port
+from remote_tpu._core.multislice import from_tpu_env, parse_tpu_env
 from remote_tpu._core.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ class Slice:
     peers: tuple[str, ...] = ()   # every agent of the slice, index = worker id
     accelerator: str = ""         # e.g. "v5p-32", when a source says
     source: str = "none"          # "flags", "environment", "metadata" or "none"
+    # (num_slices, slice_id, coordinator host) where the TPU environment says
+    # this slice is part of a multislice (``_core.multislice``).
+    megascale: tuple[int, int, str] | None = None
 
     def describe(self) -> dict:
         return dataclasses.asdict(self)
@@ -160,7 +164,7 @@ def discover(*, port: int, worker_id: int | None = None, peers: tuple[str, ...] 
         return Slice(worker_id=worker, peers=tuple(join_host_port(h, port) for h in hosts),
                      accelerator=_accelerator(env.get("TPU_ACCELERATOR_TYPE"),
                                               "TPU_ACCELERATOR_TYPE"),
-                     source="environment")
+                     source="environment", megascale=from_tpu_env(env))
     log.debug("environment rejected: TPU_WORKER_HOSTNAMES=%r TPU_WORKER_ID=%r", hostnames,
               env.get("TPU_WORKER_ID"))
     if not use_metadata or env.get("TPU_SKIP_MDS_QUERY") is not None:
@@ -188,8 +192,9 @@ def discover(*, port: int, worker_id: int | None = None, peers: tuple[str, ...] 
                                "metadata accelerator-type")
     log.debug("slice from the metadata server: worker %d of %s (%s)", worker, hosts,
               accelerator)
+    megascale = from_tpu_env(parse_tpu_env(server.attribute("tpu-env") or ""))
     return Slice(worker_id=worker, peers=tuple(join_host_port(h, port) for h in hosts),
-                 accelerator=accelerator, source="metadata")
+                 accelerator=accelerator, source="metadata", megascale=megascale)
 
 
 def advertise_address(bind_host: str, explicit: str = "") -> str:

@@ -122,16 +122,18 @@ class GatewayRole:
             python = self._host.envs.python_for(
                 spec.requirements, spec.allow_jax_requirements,
                 lambda line: record.say(0, line))
+            extra = {ENV_PYTHON: python} if python else {}
+            return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
+                              payload=record.payload, blob_paths=call_paths, working_dir=tree,
+                              data=data,
+                              blobs=self._host.blobs,
+                              advertise=self._advertise,
+                              peer_credentials=self._config.peer_credentials,
+                              tpu=self._host.tpu,
+                              preempted=self._host.preempted, warm=warm,
+                              spares=self._host.spares,
+                              env_for=lambda i, coord: {**self._host.env_for(spec, i, coord),
+                                                        **extra})
         except (OSError, ValueError, EnvError) as exc:
             raise JobRefused(f"host 0 ({self._host.endpoint()}) could not prepare the job: "
                              f"{exc}") from exc
-        extra = {ENV_PYTHON: python} if python else {}
-        return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
-                          payload=record.payload, blob_paths=call_paths, working_dir=tree,
-                          data=data,
-                          blobs=self._host.blobs,
-                          advertise=self._advertise,
-                          peer_credentials=self._config.peer_credentials, tpu=self._host.tpu,
-                          preempted=self._host.preempted, warm=warm, spares=self._host.spares,
-                          env_for=lambda i, coord: {**self._host.env_for(spec, i, coord),
-                                                    **extra})

@@ -17,6 +17,7 @@ from remote_tpu._core import digests
 from remote_tpu._core.channels import ERROR_KIND_KEY
 from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.limits import DETAIL_CHARS, cut_text
+from remote_tpu._core.multislice import MAX_SLICES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.topology import Topology
 from remote_tpu._core.versions import check_compatible
@@ -88,6 +89,9 @@ def _read_spec(requests: Iterator[pb.RunRequest], endpoint: str,
     if len(spec.payload_digest) != digests.SIZE:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
                       f"the job spec carries no {digests.NAME} digest of its payload")
+    if spec.num_slices > MAX_SLICES:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "config",
+                      f"num_slices={spec.num_slices} is over the limit of {MAX_SLICES}")
     if spec.role == pb.ROLE_PEER and not (
             0 < spec.process_id < num_processes(spec) and spec.coordinator_address):
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
@@ -114,6 +118,8 @@ def hosts_for(spec: pb.JobSpec, found: Slice, endpoint: str) -> list[str]:
         topology = Topology.parse(spec.accelerator)
     except ValueError as exc:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "config", str(exc)) from None
+    if spec.num_slices > 1:
+        return _multislice_hosts(spec, topology)
     if not spec.hosts:
         redirect = gateway_redirect(found, endpoint)
         if redirect is not None:
@@ -135,3 +141,19 @@ def hosts_for(spec: pb.JobSpec, found: Slice, endpoint: str) -> list[str]:
     except ConfigurationError as exc:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "config", str(exc)) from None
     return hosts
+
+
+def _multislice_hosts(spec: pb.JobSpec, topology: Topology) -> list[str]:
+    """A multislice job's hosts: the client lists every slice's, slice by
+    slice (it asked each slice's gateway for its own); this agent is the first."""
+    slices = spec.num_slices
+    want = topology.hosts * slices
+    if len(spec.hosts) != want:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "config",
+                      f"a job on {slices} slices of {topology.name} runs on {want} hosts "
+                      f"({topology.hosts} per slice), but its host list has "
+                      f"{len(spec.hosts)}: list every slice's hosts, slice by slice")
+    if len(set(spec.hosts)) != len(spec.hosts):
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "config",
+                      "the job's slices share a host: " + ", ".join(spec.hosts))
+    return list(spec.hosts)

@@ -23,7 +23,8 @@ from collections.abc import Iterator
 
 import grpc
 
-from remote_tpu._core.addresses import join_host_port
+from remote_tpu._core.addresses import host_of, join_host_port
+from remote_tpu._core.multislice import disagreement
 from remote_tpu._core.channels import channel_options
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
@@ -41,7 +42,7 @@ from ._peer import PeerRole
 from ._blobs import BlobCache
 from ._cache_dir import default_dir
 from ._reports import bound_stacks
-from ._requests import abort, checked_spec, gateway_redirect, valid_job_id
+from ._requests import Refused, abort, checked_spec, gateway_redirect, valid_job_id
 from ._slice_queries import SliceQueries
 from ._slots import RESERVE_THREADS, Slots
 from ._store import JobStore
@@ -51,7 +52,8 @@ from ._warm import is_session
 from ._envs import Envs
 from ._workdirs import WorkingDirs
 from ._spares import Spares
-from ._worker_env import num_processes, passed_environment, spare_env, worker_env
+from ._worker_env import (num_processes, num_slices, passed_environment, spare_env,
+                          worker_env)
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,12 @@ class AgentService(pb_grpc.AgentServicer):
         return join_host_port(self.address, self.port)
 
     def _env_for(self, spec: pb.JobSpec, process_id: int, coordinator: str) -> dict[str, str]:
+        if num_slices(spec) > 1:
+            why = disagreement(self.config.slice.megascale, num_slices=num_slices(spec),
+                               slice_id=process_id // (num_processes(spec) // num_slices(spec)),
+                               coordinator_host=host_of(coordinator))
+            if why:
+                raise ValueError(why)
         return {**worker_env(self._worker_base_env, spec=spec, process_id=process_id,
                              coordinator=coordinator,
                              simulate_devices=self.config.simulate_devices),
@@ -124,7 +132,10 @@ class AgentService(pb_grpc.AgentServicer):
 
     def Doctor(self, request: pb.DoctorRequest, context: grpc.ServicerContext
                ) -> pb.DoctorReply:
-        return self.queries.doctor(list(request.hosts))
+        if len(request.probe) > 4096:
+            abort(context, Refused(grpc.StatusCode.INVALID_ARGUMENT, "config",
+                                   f"{len(request.probe)} addresses to probe: at most 4096"))
+        return self.queries.doctor(list(request.hosts), list(request.probe))
 
     def Submit(self, request_iterator: Iterator[pb.RunRequest],
                context: grpc.ServicerContext) -> pb.JobStatus:

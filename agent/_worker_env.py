@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.topology import Topology
 from remote_tpu._core.addresses import host_of, join_host_port
+from remote_tpu._core.multislice import MEGASCALE_PORT, megascale_env, place
 
 from . import _worker
 
@@ -79,6 +80,14 @@ def processes_per_host(spec: pb.JobSpec) -> int:
 
 def num_processes(spec: pb.JobSpec) -> int:
     return spec.num_hosts * processes_per_host(spec)
+
+
+def num_slices(spec: pb.JobSpec) -> int:
+    return max(1, spec.num_slices)
+
+
+def hosts_per_slice(spec: pb.JobSpec) -> int:
+    return max(1, spec.num_hosts // num_slices(spec))
 
 
 # The chips of one TPU host as a 2D grid (4 chips: 2x2; 8 chips: 2x4).
@@ -210,10 +219,15 @@ def slice_host_addresses(spec: pb.JobSpec, coordinator: str) -> list[str]:
 
 def _tpu_variables(base: Mapping[str, str], spec: pb.JobSpec, process_id: int,
                    coordinator: str, host_addresses: Sequence[str]) -> dict[str, str]:
+    """libtpu's multi-process variables: each slice of a multislice job is a
+    TPU slice of its own (its hosts, its grid), joined to the others by
+    libtpu's multislice runtime (MEGASCALE_*), not by these."""
     topology = Topology.parse(spec.accelerator)
     n = processes_per_host(spec)
     host, k = divmod(process_id, n)
-    if spec.num_hosts <= 1:
+    per_slice = hosts_per_slice(spec)
+    slice_id, host = divmod(host, per_slice)
+    if per_slice <= 1:
         return tpu_process_env(topology.chips_per_host, n, k)
     addresses = list(host_addresses) or slice_host_addresses(spec, coordinator)
     if len(addresses) != spec.num_hosts:
@@ -222,9 +236,10 @@ def _tpu_variables(base: Mapping[str, str], spec: pb.JobSpec, process_id: int,
             f"{spec.num_hosts} hosts need every host's address for TPU_PROCESS_ADDRESSES, "
             f"got {len(addresses)} ({', '.join(addresses) or 'none'}); the gateway must "
             "send the slice's hosts in the job spec")
+    addresses = addresses[slice_id * per_slice:(slice_id + 1) * per_slice]
     # A slice created with a topology other than the default (--topology) says
     # so in its own TPU_HOST_BOUNDS, when the agent's environment has it.
-    bounds = (_bounds_from(base.get("TPU_HOST_BOUNDS"), spec.num_hosts)
+    bounds = (_bounds_from(base.get("TPU_HOST_BOUNDS"), per_slice)
               or slice_host_bounds(topology))
     return tpu_process_env(topology.chips_per_host, n, k, host=host,
                            host_addresses=addresses, host_bounds=bounds)
@@ -257,6 +272,8 @@ def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
         # streams are buffered and flushed on a timer: _worker_output).
         "PYTHONUNBUFFERED": "1",
     })
+    if num_slices(spec) > 1:
+        env.update(_multislice_env(spec, process_id, coordinator))
     if spec.skip_jax_init:
         env[_worker.ENV_INIT_JAX] = "0"
     timeouts = spec.jax_timeouts
@@ -272,3 +289,19 @@ def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
     elif n > 1:
         env.update(_tpu_variables(base, spec, process_id, coordinator, host_addresses))
     return env
+
+
+def _multislice_env(spec: pb.JobSpec, process_id: int, coordinator: str) -> dict[str, str]:
+    """MEGASCALE_* (``_core.multislice``) and which slice this process is in.
+    The coordinator is process 0's host: worker 0 of slice 0."""
+    slices = num_slices(spec)
+    slice_id, _ = place(process_id, num_processes(spec) // slices)
+    try:
+        port = int(spec.env.get("MEGASCALE_PORT", MEGASCALE_PORT))
+    except ValueError:
+        raise ValueError(f"env= MEGASCALE_PORT={spec.env['MEGASCALE_PORT']!r} is not a "
+                         "port number") from None
+    return {**megascale_env(num_slices=slices, slice_id=slice_id,
+                            coordinator_host=host_of(coordinator), port=port),
+            "REMOTE_TPU_SLICE_ID": str(slice_id),
+            "REMOTE_TPU_NUM_SLICES": str(slices)}

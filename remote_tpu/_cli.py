@@ -103,14 +103,18 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from ._doctor import doctor, format_table
+    from ._doctor import doctor, doctor_slices, format_table
 
-    hosts = _hosts_arg(args.hosts)
-    if hosts is None and not os.environ.get(HOSTS_ENV):
+    given = args.hosts or [s for s in os.environ.get(HOSTS_ENV, "").split(";") if s]
+    if not given:
         print("remote-tpu doctor: give the slice's gateway address (or any agent of it), "
-              "e.g. `remote-tpu doctor 10.0.0.2`", file=sys.stderr)
+              "e.g. `remote-tpu doctor 10.0.0.2`; for several slices, one of each",
+              file=sys.stderr)
         return 2
-    rows, problems = doctor(hosts)
+    if len(given) > 1:
+        rows, problems = doctor_slices([_hosts_arg(h) for h in given])
+    else:
+        rows, problems = doctor(_hosts_arg(given[0]))
     print(format_table(rows))
     if problems:
         print("\nproblems:\n" + "\n".join(f"- {p}" for p in problems))
@@ -130,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     loc.set_defaults(func=_local)
     d = sub.add_parser("doctor", help="check every host of a slice: reachable, versions, "
                                       "slice shape, TPU lock")
-    d.add_argument("hosts", nargs="?", default="", help="an agent address of the slice "
-                                                        "(default REMOTE_TPU_HOSTS)")
+    d.add_argument("hosts", nargs="*", help="an agent address of the slice (default "
+                                            "REMOTE_TPU_HOSTS); several slices: one of "
+                                            "each, slice 0 first (their DCN links are "
+                                            "checked too)")
     d.set_defaults(func=_doctor)
     r = sub.add_parser("release", help="end a slice's warm workers (keep_warm) now")
     r.add_argument("--hosts", default="", help="an agent address of the slice "

@@ -73,7 +73,20 @@ def _with_blobs(target: Target, payload: Payload) -> tuple[Payload, list[pb.Blob
     return payload, refs
 
 
+def where(options: RunOptions) -> str:
+    """What the job runs on, for messages: ``tpu-v4-16``, ``2 slices of tpu-v4-16``."""
+    name = options.topology.name
+    return f"{options.num_slices} slices of {name}" if options.num_slices > 1 else name
+
+
 def _target(options: RunOptions) -> Target:
+    if options.slices:
+        from ._slices import resolve
+        return resolve(options.slices, options.topology, options.token, options.tls)
+    if options.num_slices > 1:           # hosts="local": N simulated slices
+        from ._local_slice import get_local_slice
+        local = get_local_slice(options.topology, options.num_slices)
+        return Target(local.addresses[0], local.addresses, local.credentials, local=True)
     return resolve_target(options.hosts, topology=options.topology, token=options.token,
                           tls=options.tls)
 
@@ -91,7 +104,8 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
     data, gcs = _data_trees(target, payload)
     spec = pb.JobSpec(
         client_versions=versions_pb(), job_id=job_id, accelerator=topology.name,
-        num_hosts=topology.hosts, role=pb.ROLE_GATEWAY, hosts=target.hosts,
+        num_hosts=topology.hosts * options.num_slices, num_slices=options.num_slices,
+        role=pb.ROLE_GATEWAY, hosts=target.hosts,
         stream=_STREAM_MODES[options.stream], env=dict(options.env),
         timeout_seconds=options.timeout or 0.0,
         jax_timeouts=pb.JaxTimeouts(initialization_seconds=jt.initialization,
@@ -152,10 +166,12 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0) -
         job_id = spec.job_id
         stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
     label = "process" if options.processes_per_host > 1 else "host"
+    renderer = OutputRenderer(options.stream, label, per_slice=(
+        options.topology.hosts * options.processes_per_host if options.num_slices > 1 else 0))
     interrupted = False
     try:
-        return outcome(stream, OutputRenderer(options.stream, label), gateway=target.gateway,
-                       job_id=job_id, accelerator=options.topology.name)
+        return outcome(stream, renderer, gateway=target.gateway, job_id=job_id,
+                       accelerator=where(options))
     except KeyboardInterrupt:
         interrupted = True
         if options.keep_warm:

@@ -109,6 +109,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         requirements: Sequence[str] | str | os.PathLike | None = None,
         allow_jax_requirements: bool = False,
         retries: int | Any = None,
+        num_slices: int | None = None,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -172,6 +173,15 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         each retry is said on stderr; the last error carries the earlier
         attempts' causes. For calls that wait for their value (a submitted job
         runs once).
+    num_slices: run on this many slices of ``accelerator`` joined over the
+        data-center network (``REMOTE_TPU_NUM_SLICES``; default 1). ``hosts``
+        then names one slice per entry, slice 0 first (each in any form above),
+        or ``"local"`` (simulated), or one ``"tpu://PREFIX?zone=..."`` (the
+        nodes PREFIX-0, PREFIX-1, ... of a multislice queued resource). Every
+        host gets ``MEGASCALE_NUM_SLICES``, ``MEGASCALE_SLICE_ID``,
+        ``MEGASCALE_COORDINATOR_ADDRESS`` (slice 0's worker 0) and
+        ``MEGASCALE_PORT`` (8081; ``env=`` may change it); process ids go slice
+        by slice (slice * hosts per slice + host).
     """
     if fn is not None:
         raise ConfigurationError(
@@ -183,7 +193,8 @@ def run(fn: Callable[..., Any] | None = None, /, *,
                       processes_per_host=processes_per_host, keep_warm=keep_warm,
                       init_jax=init_jax, working_dir=working_dir, output_dir=output_dir,
                       staging=staging, requirements=requirements,
-                      allow_jax_requirements=allow_jax_requirements, retries=retries)
+                      allow_jax_requirements=allow_jax_requirements, retries=retries,
+                      num_slices=num_slices)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

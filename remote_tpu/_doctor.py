@@ -1,10 +1,17 @@
-"""`remote-tpu doctor HOSTS`: is the slice ready? One row per host."""
+"""`remote-tpu doctor HOSTS`: is the slice ready? One row per host.
+
+With several slices (`remote-tpu doctor SLICE0 SLICE1 ...`, any agent of
+each), every slice is checked, and every host of each slice tries to reach
+every host of the others at MEGASCALE_PORT, as multislice traffic would cross
+the data-center network (DCN) between them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ._core.addresses import host_of, join_host_port
 from ._core.auth import TLS
+from ._core.multislice import MEGASCALE_PORT
 from ._core.exceptions import RemoteTPUError
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.topology import Topology
@@ -12,20 +19,59 @@ from ._core.versions import differences
 from ._target import resolve_target
 
 
+def doctor_slices(slices: Sequence[str | Sequence[str]], token: str | None = None,
+                  tls: TLS | None = None) -> tuple[list[list[str]], list[str]]:
+    """(table rows, problems) for several slices, one entry each (any agent
+    of it); hosts are named ``slice/host``."""
+    found = [_ask(resolve_target(one, token=token, tls=tls), []) for one in slices]
+    addresses = [[] if isinstance(reply, RemoteTPUError) else [h.address for h in reply.hosts]
+                 for _, reply in found]
+    rows, problems = [], []
+    for s, (target, _) in enumerate(found):
+        others = [join_host_port(host_of(a), MEGASCALE_PORT)
+                  for o, row in enumerate(addresses) if o != s for a in row]
+        _, reply = _ask(target, others) if addresses[s] else found[s]
+        slice_rows, slice_problems = _rows(target, reply, prefix=f"{s}/")
+        probes = [] if isinstance(reply, RemoteTPUError) else list(reply.probes)
+        for row in slice_rows:
+            mine = [p for p in probes if f"{s}/{p.host}" == row[0]]
+            if mine:
+                reached = sum(not p.error for p in mine)
+                row[-1] += f"; DCN: reached {reached} of {len(mine)} hosts of the other slices"
+        rows += slice_rows
+        problems += [f"slice {s}: {p}" for p in slice_problems]
+        for probe in probes:
+            if probe.error:
+                problems.append(f"slice {s} host {probe.host} cannot reach {probe.address} "
+                                f"(another slice's MEGASCALE_PORT) over the DCN: "
+                                f"{probe.error}")
+    return rows, problems
+
+
+def _ask(target, probe: list[str]):
+    try:
+        return target, target.call(lambda t: t.stub().Doctor(
+            pb.DoctorRequest(hosts=t.hosts, probe=probe), timeout=60,
+            metadata=t.credentials.metadata))
+    except RemoteTPUError as err:       # the gateway itself is the problem: one row
+        return target, err
+
+
 def doctor(hosts: str | Sequence[str] | None, token: str | None = None,
            tls: TLS | None = None) -> tuple[list[list[str]], list[str]]:
     """(table rows, problems) for the slice behind ``hosts`` (any agent of it)."""
-    target = resolve_target(hosts, token=token, tls=tls)
-    try:
-        reply = target.call(lambda t: t.stub().Doctor(
-            pb.DoctorRequest(hosts=t.hosts), timeout=30, metadata=t.credentials.metadata))
-    except RemoteTPUError as err:       # the gateway itself is the problem: one row
-        return [["?", target.gateway, "NO", "", "", "", "", "", str(err)]], [str(err)]
+    return _rows(*_ask(resolve_target(hosts, token=token, tls=tls), []))
+
+
+def _rows(target, reply, prefix: str = "") -> tuple[list[list[str]], list[str]]:
+    if isinstance(reply, RemoteTPUError):
+        return [[f"{prefix}?", target.gateway, "NO", "", "", "", "", "", str(reply)]], \
+            [str(reply)]
     rows, problems = [], []
     accelerators = set()
     for h in reply.hosts:
         if h.error:
-            rows.append([str(h.host), h.address, "NO", "", "", "", "", "", h.error])
+            rows.append([f"{prefix}{h.host}", h.address, "NO", "", "", "", "", "", h.error])
             problems.append(f"host {h.host} ({h.address}): {h.error}")
             continue
         v = h.health.versions
@@ -35,7 +81,7 @@ def doctor(hosts: str | Sequence[str] | None, token: str | None = None,
         if h.health.accelerator:
             accelerators.add(h.health.accelerator)
         lock = "busy" if h.health.tpu_busy else "free"
-        rows.append([str(h.host), h.address, "yes", v.remote_tpu, v.python, v.jax or "-",
+        rows.append([f"{prefix}{h.host}", h.address, "yes", v.remote_tpu, v.python, v.jax or "-",
                      h.health.accelerator or "-", lock, "; ".join(notes) or "ok"])
         problems += [f"host {h.host}: {n}" for n in notes]
     if len(accelerators) > 1:

@@ -45,8 +45,12 @@ def _cache_bytes(hosts: int) -> int:
 
 
 class LocalSlice:
-    def __init__(self, hosts: int, devices_per_host: int) -> None:
-        self.hosts = hosts
+    """``hosts`` simulated hosts; with ``num_slices`` > 1, that many slices of
+    ``hosts`` hosts each (N x hosts agents, worker ids 0.. in each slice)."""
+
+    def __init__(self, hosts: int, devices_per_host: int, num_slices: int = 1) -> None:
+        self.per_slice = hosts
+        self.hosts = hosts * num_slices
         self.devices_per_host = devices_per_host
         self.log_dir = tempfile.mkdtemp(prefix="remote-tpu-local-")
         self.procs: list[subprocess.Popen] = []
@@ -59,7 +63,7 @@ class LocalSlice:
             log_file = open(os.path.join(self.log_dir, f"agent-{i}.log"), "ab")
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "remote_tpu_agent", "--host", "127.0.0.1",
-                 "--port", "0", "--worker-id", str(i),
+                 "--port", "0", "--worker-id", str(i % self.per_slice),
                  "--simulate-devices", str(self.devices_per_host),
                  "--state-dir", os.path.join(self.log_dir, f"state-{i}"),
                  "--exit-with-stdin", "--log-level", "WARNING",
@@ -115,13 +119,14 @@ class LocalSlice:
         self.procs = []
 
 
-_slices: dict[tuple[int, int], LocalSlice] = {}
+_slices: dict[tuple[int, int, int], LocalSlice] = {}
 _lock = threading.Lock()
 
 
-def get_local_slice(topology: Topology) -> LocalSlice:
-    """The running local slice for this shape, started on first use."""
-    key = (topology.hosts, topology.devices_per_host)
+def get_local_slice(topology: Topology, num_slices: int = 1) -> LocalSlice:
+    """The running local slice for this shape (``num_slices`` of them),
+    started on first use."""
+    key = (topology.hosts, topology.devices_per_host, num_slices)
     with _lock:
         s = _slices.get(key)
         if s is not None and not s.alive():
@@ -139,7 +144,7 @@ def running_local_slices(topology: Topology | None = None) -> list[LocalSlice]:
     when given); none is started."""
     with _lock:
         return [s for key, s in _slices.items() if s.alive() and (
-            topology is None or key == (topology.hosts, topology.devices_per_host))]
+            topology is None or key[:2] == (topology.hosts, topology.devices_per_host))]
 
 
 def stop_local_slices() -> None:

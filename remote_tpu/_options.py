@@ -48,6 +48,8 @@ class RunOptions:
     requirements: tuple[str, ...] = ()  # pip requirement lines
     allow_jax_requirements: bool = False
     retries: object = None            # a _retries.Retries, or None
+    num_slices: int = 1
+    slices: tuple[Hosts, ...] = ()    # num_slices > 1, not local: each slice's hosts
 
     @property
     def local(self) -> bool:
@@ -207,7 +209,7 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
             staging: str | None = None,
             requirements: Sequence[str] | str | os.PathLike | None = None,
             allow_jax_requirements: bool = False,
-            retries: object = None) -> RunOptions:
+            retries: object = None, num_slices: int | None = None) -> RunOptions:
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
@@ -255,12 +257,21 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         raise ConfigurationError(f"init_jax= must be True or False, got {init_jax!r}")
     if tls is not None and not isinstance(tls, TLS):
         raise ConfigurationError(f"tls= must be a remote_tpu.TLS(ca=...), got {tls!r}")
+    from ._slices import num_slices_of, parse_slices
+
+    slices_n = num_slices_of(num_slices)
+    if slices_n > 1:
+        parsed, slices = parse_slices(hosts, slices_n, topology, dict(env_items))
+    else:
+        parsed, slices = _checked_hosts(hosts, topology), ()
     return RunOptions(
+        num_slices=slices_n,
+        slices=slices,
         token=token,
         tls=tls if tls is not None else TLS.from_env(),
         processes_per_host=processes_per_host,
         topology=topology,
-        hosts=_checked_hosts(hosts, topology),
+        hosts=parsed,
         timeout=_positive("timeout", timeout, "REMOTE_TPU_TIMEOUT"),
         stream=mode,
         env=tuple(sorted(env_items)),

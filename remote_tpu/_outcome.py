@@ -19,12 +19,18 @@ from ._core.remote_exceptions import rebuild_exception
 from ._core.states import HOST_STATE_WORDS
 from ._render import OutputRenderer
 
-def describe_hosts(reports: Sequence[pb.HostReport]) -> str:
+def host_name(h: int, per_slice: int = 0) -> str:
+    """``host 3``; in a job on several slices ``host 3 (slice 1 host 1)``."""
+    return f"host {h} (slice {h // per_slice} host {h % per_slice})" if per_slice \
+        else f"host {h}"
+
+
+def describe_hosts(reports: Sequence[pb.HostReport], per_slice: int = 0) -> str:
     lines = []
     for r in reports:
         words = HOST_STATE_WORDS.get(r.state, "unknown")
         detail = f" ({r.detail})" if r.detail else ""
-        lines.append(f"  host {r.host}: {words}{detail}")
+        lines.append(f"  {host_name(r.host, per_slice)}: {words}{detail}")
     return "\n".join(lines)
 
 
@@ -34,11 +40,13 @@ def _last_lines(report: pb.HostReport) -> str:
     return "\n".join(f"  | {line}" for line in report.last_lines)
 
 
-def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str) -> None:
-    """Return if the job succeeded, else raise what the caller should see."""
+def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str,
+                  per_slice: int = 0) -> None:
+    """Return if the job succeeded, else raise what the caller should see.
+    ``per_slice``: processes per slice of a job on several slices."""
     if end.state == pb.JOB_STATE_SUCCEEDED:
         return
-    hosts = describe_hosts(end.hosts)
+    hosts = describe_hosts(end.hosts, per_slice)
     where = f"{accelerator}, job {job_id}"
     if end.state == pb.JOB_STATE_TIMED_OUT:
         stacks = "".join(f"\n===== host {r.host} =====\n{r.stacks.rstrip()}\n"
@@ -65,28 +73,29 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str) -> None:
     h = end.root_cause_host
     root = end.hosts[h]
     n = len(end.hosts)
+    name = host_name(h, per_slice)
     if root.state == pb.HOST_STATE_FAILED and root.exception.type_name:
         info = root.exception
-        cause = RemoteTraceback(f"\nTraceback on host {h} of {n} ({where}):\n"
+        cause = RemoteTraceback(f"\nTraceback on {name} of {n} ({where}):\n"
                                 f"{info.traceback.rstrip()}")
         exc = rebuild_exception(info.pickled)
         if isinstance(exc, Exception):
             try:
-                exc.add_note(f"raised on host {h} of {n} ({where}). Final state of each "
+                exc.add_note(f"raised on {name} of {n} ({where}). Final state of each "
                              f"host:\n{hosts}" + (f"\n{end.detail}" if end.detail else ""))
                 exc.remote_host = h  # type: ignore[attr-defined]
             except (AttributeError, TypeError):
                 pass
             raise exc from cause
         raise RemoteError(
-            f"host {h} of {n} raised {info.type_name}: {info.message} (the exception "
+            f"{name} of {n} raised {info.type_name}: {info.message} (the exception "
             f"could not be rebuilt here; its traceback is below). Final state of each "
             f"host:\n{hosts}",
             type_name=info.type_name, remote_traceback=info.traceback, host=h) from cause
     also = f" The agent adds: {end.detail}." if end.detail else ""
     raise JobFailedError(
-        f"host {h} of {n} ({where}) {root.detail or HOST_STATE_WORDS.get(root.state, 'failed')}."
-        f"{also} Final state of each host:\n{hosts}\nLast output of host {h}:\n"
+        f"{name} of {n} ({where}) {root.detail or HOST_STATE_WORDS.get(root.state, 'failed')}."
+        f"{also} Final state of each host:\n{hosts}\nLast output of {name}:\n"
         f"{_last_lines(root)}", host=h, hosts=end.hosts)
 
 
@@ -142,6 +151,7 @@ class _Value:
 
 def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
             accelerator: str) -> Any:
+    per_slice = renderer.per_slice
     """Consume a Run or Result stream: show output, then return the value or
     raise what the caller should see."""
     value = _Value()
@@ -180,7 +190,7 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
     for notice in end.notices:
         print(f"remote_tpu: {notice}", file=sys.stderr, flush=True)
     try:
-        raise_for_end(end, accelerator=accelerator, job_id=job_id)
+        raise_for_end(end, accelerator=accelerator, job_id=job_id, per_slice=per_slice)
     except BaseException as exc:
         try:
             exc.remote_tpu_end = end            # how it ended, for retries= (_retries)

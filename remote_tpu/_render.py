@@ -15,12 +15,14 @@ class OutputRenderer:
     ``"leader"`` passes the leader's output through as is, partial lines
     included. ``"all"`` writes whole lines only, each prefixed ``[host i]``, so
     hosts never interleave inside a line; a last line without its newline is
-    written when the job ends. ``"none"`` writes nothing.
+    written when the job ends (``[slice s host i]`` in a job on several slices).
+    ``"none"`` writes nothing.
     """
 
-    def __init__(self, mode: str, label: str = "host") -> None:
+    def __init__(self, mode: str, label: str = "host", per_slice: int = 0) -> None:
         self.mode = mode
         self.label = label        # "process" when a host runs several
+        self.per_slice = per_slice   # processes per slice of a multislice job; 0 = one slice
         self._decoders: dict[tuple[int, int], codecs.IncrementalDecoder] = {}
         self._partial: dict[tuple[int, int], str] = {}
 
@@ -42,20 +44,27 @@ class OutputRenderer:
             complete, newline, rest = text.rpartition("\n")
             if rest:
                 self._partial[key] = rest
-            text = self._prefixed(host, complete + newline, self.label)
+            text = self._prefixed(complete + newline, self._label(host))
         self._emit(stream, text)
 
     def close(self) -> None:
         for (host, stream), decoder in self._decoders.items():
             text = decoder.decode(b"", final=True)
             if self.mode == "all":
-                text = self._prefixed(host, self._partial.pop((host, stream), "") + text,
-                                      self.label)
+                text = self._prefixed(self._partial.pop((host, stream), "") + text,
+                                      self._label(host))
             self._emit(stream, text)
 
+    def _label(self, host: int) -> str:
+        """``[host 3]``; in a multislice job ``[slice 1 host 1]``."""
+        if not self.per_slice:
+            return f"{self.label} {host}"
+        s, i = divmod(host, self.per_slice)
+        return f"slice {s} {self.label} {i}"
+
     @staticmethod
-    def _prefixed(host: int, text: str, label: str) -> str:
-        prefix = f"[{label} {host}] "
+    def _prefixed(text: str, label: str) -> str:
+        prefix = f"[{label}] "
         return "".join(prefix + line for line in text.splitlines(keepends=True))
 
     def _emit(self, stream: int, text: str) -> None:

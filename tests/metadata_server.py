@@ -4,6 +4,11 @@ GCE metadata server of one TPU VM, and (in test_tpu_vm.py) the Cloud TPU API."""
 from __future__ import annotations
 
 import http.server
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -70,11 +75,50 @@ class MetadataStandIn(HttpStandIn):
         return 200, reply, value.encode()
 
 
-def tpu_vm(worker: int, hosts: list[str], accelerator: str, **kw) -> MetadataStandIn:
-    """What a TPU VM's metadata server says about worker ``worker``."""
+def tpu_vm(worker: int, hosts: list[str], accelerator: str, tpu_env: str = "",
+           **kw) -> MetadataStandIn:
+    """What a TPU VM's metadata server says about worker ``worker``
+    (``tpu_env``: more lines of its tpu-env, ``KEY: 'value'``)."""
     return MetadataStandIn({
         "agent-worker-number": str(worker),
         "worker-network-endpoints": ",".join(f"w-{i}:{i}:{h}" for i, h in enumerate(hosts)),
         "accelerator-type": accelerator,
-        "tpu-env": f"ACCELERATOR_TYPE: '{accelerator}'\nWORKER_ID: '{worker}'\n",
+        "tpu-env": f"ACCELERATOR_TYPE: '{accelerator}'\nWORKER_ID: '{worker}'\n{tpu_env}",
     }, **kw)
+
+
+class MetadataSlice:
+    """Agents on 127.0.0.2, 127.0.0.3, ... (``first_ip`` = 2; one port, like
+    TPU VMs), each told who it is only by its own metadata stand-in."""
+
+    def __init__(self, accelerator: str, n: int, extra: list[str] | None = None, *,
+                 first_ip: int = 2, tpu_env: str = "", token: str | None = None) -> None:
+        from conftest import free_port
+        from remote_tpu._core.auth import TOKEN_ENV, new_token
+
+        self.token = token or new_token()
+        self.port = free_port()
+        self.ips = [f"127.0.0.{first_ip + i}" for i in range(n)]
+        self.addresses = [f"{ip}:{self.port}" for ip in self.ips]
+        self.servers = [tpu_vm(i, self.ips, accelerator, tpu_env) for i in range(n)]
+        self.dir = tempfile.mkdtemp(prefix="tpu-vm-")
+        self.procs = []
+        for i, ip in enumerate(self.ips):
+            env = {**os.environ, TOKEN_ENV: self.token,
+                   "GCE_METADATA_IP": self.servers[i].address}
+            cmd = [sys.executable, "-m", "remote_tpu_agent", "--host", ip, "--port",
+                   str(self.port), "--simulate-devices", "2", "--log-level", "WARNING",
+                   "--state-dir", os.path.join(self.dir, f"state-{i}"), *(extra or [])]
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                               stderr=subprocess.DEVNULL, text=True, env=env))
+        for proc in self.procs:
+            assert proc.stdout.readline().startswith("remote-tpu-agent listening on")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            proc.wait(10)
+            proc.stdout.close()
+        for server in self.servers:
+            server.close()

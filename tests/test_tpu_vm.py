@@ -11,14 +11,13 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
 import remote_tpu
 from conftest import free_port, hold_open
-from metadata_server import HttpStandIn, MetadataStandIn, tpu_vm
+from metadata_server import HttpStandIn, MetadataSlice, MetadataStandIn, tpu_vm
 from remote_tpu._core.auth import TOKEN_ENV, new_token
 from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu_agent._discovery import MetadataServer, discover
@@ -122,40 +121,8 @@ def test_print_slice():
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {"worker_id": 1, "peers": ["10.1.0.5:8475",
                                                                  "10.1.0.6:8475"],
-                                       "accelerator": "v4-16", "source": "metadata"}
-
-
-class MetadataSlice:
-    """Agents on 127.0.0.2, 127.0.0.3, ... (one port, like TPU VMs), each told
-    who it is only by its own metadata stand-in."""
-
-    def __init__(self, accelerator: str, n: int, extra: list[str] | None = None) -> None:
-        self.token = new_token()
-        self.port = free_port()
-        self.ips = [f"127.0.0.{i + 2}" for i in range(n)]
-        self.addresses = [f"{ip}:{self.port}" for ip in self.ips]
-        self.servers = [tpu_vm(i, self.ips, accelerator) for i in range(n)]
-        self.dir = tempfile.mkdtemp(prefix="tpu-vm-")
-        self.procs = []
-        for i, ip in enumerate(self.ips):
-            env = {**os.environ, TOKEN_ENV: self.token,
-                   "GCE_METADATA_IP": self.servers[i].address}
-            cmd = [sys.executable, "-m", "remote_tpu_agent", "--host", ip, "--port",
-                   str(self.port), "--simulate-devices", "2", "--log-level", "WARNING",
-                   "--state-dir", os.path.join(self.dir, f"state-{i}"), *(extra or [])]
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                               stderr=subprocess.DEVNULL, text=True, env=env))
-        for proc in self.procs:
-            assert proc.stdout.readline().startswith("remote-tpu-agent listening on")
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            proc.wait(10)
-            proc.stdout.close()
-        for server in self.servers:
-            server.close()
+                                       "accelerator": "v4-16", "source": "metadata",
+                                       "megascale": None}
 
 
 @pytest.mark.slow

@@ -159,10 +159,24 @@ class ReleaseReply(_message.Message):
     def __init__(self, released: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class DoctorRequest(_message.Message):
-    __slots__ = ("hosts",)
+    __slots__ = ("hosts", "probe")
     HOSTS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     hosts: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, hosts: _Optional[_Iterable[str]] = ...) -> None: ...
+    probe: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, hosts: _Optional[_Iterable[str]] = ..., probe: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Probe(_message.Message):
+    __slots__ = ("address", "error", "seconds", "host")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    error: str
+    seconds: float
+    host: int
+    def __init__(self, address: _Optional[str] = ..., error: _Optional[str] = ..., seconds: _Optional[float] = ..., host: _Optional[int] = ...) -> None: ...
 
 class HostHealth(_message.Message):
     __slots__ = ("host", "address", "health", "error")
@@ -177,10 +191,12 @@ class HostHealth(_message.Message):
     def __init__(self, host: _Optional[int] = ..., address: _Optional[str] = ..., health: _Optional[_Union[HealthReply, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class DoctorReply(_message.Message):
-    __slots__ = ("hosts",)
+    __slots__ = ("hosts", "probes")
     HOSTS_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
     hosts: _containers.RepeatedCompositeFieldContainer[HostHealth]
-    def __init__(self, hosts: _Optional[_Iterable[_Union[HostHealth, _Mapping]]] = ...) -> None: ...
+    probes: _containers.RepeatedCompositeFieldContainer[Probe]
+    def __init__(self, hosts: _Optional[_Iterable[_Union[HostHealth, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[Probe, _Mapping]]] = ...) -> None: ...
 
 class JobRef(_message.Message):
     __slots__ = ("job_id",)
@@ -277,7 +293,7 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthReply(_message.Message):
-    __slots__ = ("versions", "agent_address", "worker_id", "peers", "simulate_devices", "accelerator", "tpu_busy", "slice_source")
+    __slots__ = ("versions", "agent_address", "worker_id", "peers", "simulate_devices", "accelerator", "tpu_busy", "slice_source", "megascale_num_slices", "megascale_slice_id", "megascale_coordinator")
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +302,9 @@ class HealthReply(_message.Message):
     ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
     TPU_BUSY_FIELD_NUMBER: _ClassVar[int]
     SLICE_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    MEGASCALE_NUM_SLICES_FIELD_NUMBER: _ClassVar[int]
+    MEGASCALE_SLICE_ID_FIELD_NUMBER: _ClassVar[int]
+    MEGASCALE_COORDINATOR_FIELD_NUMBER: _ClassVar[int]
     versions: Versions
     agent_address: str
     worker_id: int
@@ -294,7 +313,10 @@ class HealthReply(_message.Message):
     accelerator: str
     tpu_busy: str
     slice_source: str
-    def __init__(self, versions: _Optional[_Union[Versions, _Mapping]] = ..., agent_address: _Optional[str] = ..., worker_id: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ..., simulate_devices: _Optional[int] = ..., accelerator: _Optional[str] = ..., tpu_busy: _Optional[str] = ..., slice_source: _Optional[str] = ...) -> None: ...
+    megascale_num_slices: int
+    megascale_slice_id: int
+    megascale_coordinator: str
+    def __init__(self, versions: _Optional[_Union[Versions, _Mapping]] = ..., agent_address: _Optional[str] = ..., worker_id: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ..., simulate_devices: _Optional[int] = ..., accelerator: _Optional[str] = ..., tpu_busy: _Optional[str] = ..., slice_source: _Optional[str] = ..., megascale_num_slices: _Optional[int] = ..., megascale_slice_id: _Optional[int] = ..., megascale_coordinator: _Optional[str] = ...) -> None: ...
 
 class JaxTimeouts(_message.Message):
     __slots__ = ("initialization_seconds", "heartbeat_seconds", "shutdown_seconds")
@@ -307,7 +329,7 @@ class JaxTimeouts(_message.Message):
     def __init__(self, initialization_seconds: _Optional[int] = ..., heartbeat_seconds: _Optional[int] = ..., shutdown_seconds: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_digest", "processes_per_host", "keep_warm_seconds", "client_id", "payload", "skip_jax_init", "blobs", "working_dir", "output_dir", "collect_outputs", "data", "gcs_data", "requirements", "allow_jax_requirements")
+    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_digest", "processes_per_host", "keep_warm_seconds", "client_id", "payload", "skip_jax_init", "blobs", "working_dir", "output_dir", "collect_outputs", "data", "gcs_data", "requirements", "allow_jax_requirements", "num_slices")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -343,6 +365,7 @@ class JobSpec(_message.Message):
     GCS_DATA_FIELD_NUMBER: _ClassVar[int]
     REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     ALLOW_JAX_REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SLICES_FIELD_NUMBER: _ClassVar[int]
     client_versions: Versions
     job_id: str
     accelerator: str
@@ -371,7 +394,8 @@ class JobSpec(_message.Message):
     gcs_data: _containers.RepeatedScalarFieldContainer[str]
     requirements: _containers.RepeatedScalarFieldContainer[str]
     allow_jax_requirements: bool
-    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_digest: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., skip_jax_init: _Optional[bool] = ..., blobs: _Optional[_Iterable[_Union[BlobRef, _Mapping]]] = ..., working_dir: _Optional[_Union[WorkingDir, _Mapping]] = ..., output_dir: _Optional[str] = ..., collect_outputs: _Optional[bool] = ..., data: _Optional[_Iterable[_Union[WorkingDir, _Mapping]]] = ..., gcs_data: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[str]] = ..., allow_jax_requirements: _Optional[bool] = ...) -> None: ...
+    num_slices: int
+    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_digest: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., skip_jax_init: _Optional[bool] = ..., blobs: _Optional[_Iterable[_Union[BlobRef, _Mapping]]] = ..., working_dir: _Optional[_Union[WorkingDir, _Mapping]] = ..., output_dir: _Optional[str] = ..., collect_outputs: _Optional[bool] = ..., data: _Optional[_Iterable[_Union[WorkingDir, _Mapping]]] = ..., gcs_data: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[str]] = ..., allow_jax_requirements: _Optional[bool] = ..., num_slices: _Optional[int] = ...) -> None: ...
 
 class WorkingDir(_message.Message):
     __slots__ = ("files", "blobs", "digest")
