@@ -88,6 +88,9 @@ class RemoteFunction(Generic[P, R]):
     def __repr__(self) -> str:
         o = self.options
         where = "local slice" if o.local else ", ".join(o.hosts.entries)
+        if o.num_slices > 1:
+            where = (f"{o.num_slices} local slices" if o.local else
+                     " | ".join(", ".join(s.entries) for s in o.slices))
         return f"<remote_tpu function {self.__qualname__} on {o.topology.name} ({where})>"
 
 
