@@ -60,6 +60,10 @@ class GatewayRole:
             spec.num_hosts = len(hosts)
             spec.hosts[:] = hosts
             record, created = self._host.store.create(spec, pb.ROLE_GATEWAY)
+            if created and spec.earlier_attempts:     # a caller's own retries= before it
+                with record.changed:
+                    record.status.attempts.extend(spec.earlier_attempts[-200:])
+                self._host.store.save(record)
             if created and refs_of(spec):
                 self._pin_blobs(record, context)
             if created:

@@ -50,6 +50,8 @@ class JobRecord:
         # been read from where it landed (in memory), not while it is read.
         self.attached = False
         self.result_read = threading.Event()
+        # retries=: seconds until its next attempt, between two (``_attempts``).
+        self.retry_in: float | None = None
         self._logs: dict[int, HostLog] = {}
 
     def touch(self) -> None:

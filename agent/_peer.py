@@ -29,6 +29,7 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.states import phase_of_host
 
 from . import _worker
+from ._attempts import run_key
 from ._call import Call
 from ._events import EventQueue
 from ._host import Host
@@ -78,7 +79,7 @@ class PeerRole:
             self._count += 1
         mine = pb.JobSpec()
         mine.CopyFrom(spec)
-        mine.job_id = f"{spec.job_id}.p{spec.process_id}"     # this process's own record
+        mine.job_id = f"{run_key(spec)}.p{spec.process_id}"   # this process's own record
         mine.ClearField("payload")
         payload_file = ""
         pinned: list[pb.BlobRef] = []      # the current call's large buffers, pinned here

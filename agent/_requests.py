@@ -89,6 +89,10 @@ def _read_spec(requests: Iterator[pb.RunRequest], endpoint: str,
     if len(spec.payload_digest) != digests.SIZE:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
                       f"the job spec carries no {digests.NAME} digest of its payload")
+    if spec.HasField("retries") and not _sane(spec.retries):
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "config",
+                      f"retries= allows at most {MAX_RETRIES} retries in all, each wait at "
+                      f"most {MAX_BACKOFF:g} s; got {spec.retries}".replace("\n", " "))
     if spec.num_slices > MAX_SLICES:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "config",
                       f"num_slices={spec.num_slices} is over the limit of {MAX_SLICES}")
@@ -99,6 +103,14 @@ def _read_spec(requests: Iterator[pb.RunRequest], endpoint: str,
                       f"process {spec.process_id} of {spec.num_hosts}, coordinator "
                       f"{spec.coordinator_address!r}")
     return spec
+
+
+MAX_RETRIES, MAX_BACKOFF = 1000, 86400.0
+
+
+def _sane(r: pb.RetryPolicy) -> bool:
+    return r.preemptions + r.failures <= MAX_RETRIES and \
+        0 <= r.backoff_seconds <= MAX_BACKOFF and 0 <= r.backoff_max_seconds <= MAX_BACKOFF
 
 
 def gateway_redirect(found: Slice, endpoint: str) -> Refused | None:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.states import PHASE_OF_END, phase_name
 
+from ._attempts import next_attempt
 from ._gateway_job import GatewayJob
 from ._hostlog import StoreFull
 from ._outputs import OutputSync
@@ -114,6 +115,7 @@ class Scheduler:
                         job.cancel(reason, state)
                     else:
                         self._early_cancel = (reason, state)
+                        self._cond.notify_all()      # a job waiting between attempts
                     return True
                 return False
         record.set_phase(PHASE_OF_END[state], reason, pb.JobEnd(
@@ -188,6 +190,9 @@ class Scheduler:
                 continue
             try:
                 self._run(record, warm)
+                while record.retry_in is not None and self._backoff(record):
+                    record.spec.attempt += 1          # REMOTE_TPU_ATTEMPT (_worker_env)
+                    self._run(record, None)
             except JobRefused as exc:      # the job cannot run here: said as it is
                 record.set_phase(pb.JOB_PHASE_FAILED, str(exc), pb.JobEnd(
                     state=pb.JOB_STATE_FAILED, root_cause_host=0, detail=str(exc)))
@@ -201,6 +206,30 @@ class Scheduler:
                     self._current = None
                     self._renumber()
                 _drop_payload(record)
+
+    def _backoff(self, record: JobRecord) -> bool:
+        """Wait out the pause before the job's next attempt; False (the job
+        ended cancelled) when it is cancelled, or the agent stops, meanwhile."""
+        delay, record.retry_in = record.retry_in or 0.0, None
+        deadline = time.monotonic() + delay
+        with self._cond:
+            self._current = (record, None)
+            while True:
+                early, self._early_cancel = self._early_cancel, None
+                if early is None and self._stopping:
+                    early = ("the agent is shutting down", pb.JOB_STATE_CANCELLED)
+                left = deadline - time.monotonic()
+                if early is not None or left <= 0:
+                    break
+                self._cond.wait(left)
+        if early is None:
+            return True
+        reason, state = early
+        detail = f"{reason} (between attempts {record.spec.attempt} and " \
+                 f"{record.spec.attempt + 1})"
+        record.set_phase(PHASE_OF_END[state], detail, pb.JobEnd(
+            state=state, root_cause_host=-1, detail=detail))
+        return False
 
     def _usable(self, record: JobRecord, warm: WarmSession | None,
                 notices: list[str]) -> WarmSession | None:
@@ -297,6 +326,13 @@ class Scheduler:
                     finish = self._keep_warm(record, job, warm,
                                              phase_name(PHASE_OF_END[end.state]))
                     ended = True
+                    record.retry_in = next_attempt(record, end)
+                    if record.retry_in is not None:     # retries=: not over yet
+                        record.set_phase(pb.JOB_PHASE_RUNNING,
+                                         f"attempt {record.spec.attempt} ended by a "
+                                         f"{record.status.attempts[-1].kind}: retrying")
+                        finish()
+                        continue
                     if end.state == pb.JOB_STATE_SUCCEEDED:
                         record.keep_result(*job.result_data())
                     record.set_phase(PHASE_OF_END[end.state], end.detail, end)

@@ -22,6 +22,8 @@ import threading
 from remote_tpu._core.dirs import prune_oldest
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
+from ._attempts import run_key
+
 KEEP = 4
 
 
@@ -39,12 +41,12 @@ def place_job(dirs: WorkingDirs, spec: pb.JobSpec, paths: list[str]
     n = len(spec.blobs)
     call, rest = paths[:n], paths[n:]
     k = len(spec.working_dir.blobs)
-    working_dir = dirs.place(spec.working_dir, rest[:k], evict=False, job=spec.job_id)
+    working_dir = dirs.place(spec.working_dir, rest[:k], evict=False, job=run_key(spec))
     rest = rest[k:]
     data = {}
     for tree in spec.data:
         data[tree.digest.hex()] = dirs.place(tree, rest[:len(tree.blobs)], evict=False,
-                                             job=spec.job_id)
+                                             job=run_key(spec))
         rest = rest[len(tree.blobs):]
     placed = {os.path.basename(p) for p in [working_dir, *data.values()] if p}
     if placed:

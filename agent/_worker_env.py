@@ -274,6 +274,8 @@ def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
     })
     if num_slices(spec) > 1:
         env.update(_multislice_env(spec, process_id, coordinator))
+    if spec.HasField("retries"):          # the gateway's own retries (_attempts)
+        env["REMOTE_TPU_ATTEMPT"] = str(spec.attempt)
     if spec.skip_jax_init:
         env[_worker.ENV_INIT_JAX] = "0"
     timeouts = spec.jax_timeouts

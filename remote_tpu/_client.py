@@ -92,7 +92,8 @@ def _target(options: RunOptions) -> Target:
 
 
 def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
-          attempt: int = 0) -> pb.JobSpec:
+          attempt: int = 0, earlier: list | None = None, submitted: bool = False
+          ) -> pb.JobSpec:
     """The job's spec, once the gateway holds its tree (working_dir=); with
     retries=, REMOTE_TPU_ATTEMPT says which attempt it is."""
     topology = options.topology
@@ -121,8 +122,14 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         allow_jax_requirements=options.allow_jax_requirements,
         data=data, gcs_data=gcs,
     )
-    if options.retries is not None:
+    retries = options.retries
+    if retries is not None and submitted:       # its gateway tries it again (_attempts)
+        spec.retries.CopyFrom(pb.RetryPolicy(
+            preemptions=retries.preemptions, failures=retries.failures,
+            backoff_seconds=retries.backoff, backoff_max_seconds=retries.backoff_max))
+    elif retries is not None:                   # this process does (_retries)
         spec.env["REMOTE_TPU_ATTEMPT"] = str(attempt)
+        spec.earlier_attempts.extend(earlier or [])
     return spec
 
 
@@ -149,12 +156,13 @@ def _data_trees(target: Target, payload: Payload) -> tuple[list[pb.WorkingDir], 
     return trees, list(dict.fromkeys(met.gcs))
 
 
-def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0) -> Any:
+def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
+         earlier: list | None = None) -> Any:
     """Run attached: output shown live, the value returned; the job is cancelled
     on every host if this call is interrupted or this process goes away."""
     target = _target(options)
     payload, refs = _with_blobs(target, payload)
-    spec = _spec(options, payload, job_id, target, attempt)
+    spec = _spec(options, payload, job_id, target, attempt, earlier)
     spec.blobs.extend(refs)
     if options.keep_warm and not target.local:
         _release_at_exit(target)
@@ -162,7 +170,8 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0) -
         stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
     except BlobsMissing:         # evicted since they were sent: they go inside this time
         payload = payload.inline()
-        spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target, attempt)
+        spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target, attempt,
+                     earlier)
         job_id = spec.job_id
         stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
     label = "process" if options.processes_per_host > 1 else "host"
@@ -241,7 +250,7 @@ def submit(options: RunOptions, payload: Payload, job_id: str) -> JobHandle:
     only, which cannot start it twice (the agent knows the job id)."""
     target = _target(options)
     payload, refs = _with_blobs(target, payload)
-    spec = _spec(options, payload, job_id, target)
+    spec = _spec(options, payload, job_id, target, submitted=True)
     spec.blobs.extend(refs)
 
     def send() -> None:
@@ -253,7 +262,8 @@ def submit(options: RunOptions, payload: Payload, job_id: str) -> JobHandle:
         send()
     except BlobsMissing:         # evicted since they were sent: they go inside this time
         payload = payload.inline()
-        spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target)
+        spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,
+                     submitted=True)
         job_id = spec.job_id
         send()
     return JobHandle(job_id, target, accelerator=options.topology.name,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -40,17 +39,14 @@ class RemoteFunction(Generic[P, R]):
         payload = self._payload(args, kwargs)          # fails here, before sending
         name = getattr(self._fn, "__name__", "job")
         return with_retries(self.options.retries,
-                            lambda attempt: call(self.options, payload, new_job_id(name),
-                                                 attempt))
+                            lambda attempt, earlier: call(self.options, payload,
+                                                          new_job_id(name), attempt, earlier))
 
     def submit(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
         """Start the job and return its handle at once; it keeps running when
         this process ends (except on a local slice, which ends with it)."""
         from ._client import new_job_id, submit
 
-        if self.options.retries is not None:
-            warnings.warn("retries= applies to calls that wait for their value: this "
-                          "submitted job runs once", UserWarning, stacklevel=2)
         payload = self._payload(args, kwargs)
         return submit(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
 
@@ -174,8 +170,10 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         worker died, it timed out) are counted apart. Each attempt is a new job
         with ``REMOTE_TPU_ATTEMPT`` (0, 1, ...) set, to resume from a checkpoint;
         each retry is said on stderr; the last error carries the earlier
-        attempts' causes. For calls that wait for their value (a submitted job
-        runs once).
+        attempts' causes. A call that waits for its value is tried again by
+        this process (which also tries again when the gateway itself is gone); a
+        submitted job by its gateway, under the same job id
+        (``handle.status().attempts`` lists the attempts that ended).
     num_slices: run on this many slices of ``accelerator`` joined over the
         data-center network (``REMOTE_TPU_NUM_SLICES``; default 1). ``hosts``
         then names one slice per entry, slice 0 first (each in any form above),

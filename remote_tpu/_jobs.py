@@ -22,6 +22,30 @@ from ._target import Target, resolve_target, running_targets
 
 
 @dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One attempt of a job under ``retries=`` that ended and was tried again:
+    its number (0 = the first), the job it ran as, how it ended (state,
+    ``kind``: "preemption" or "failure", ``cause``: why, in one line), the
+    host at its root, and when it ended."""
+
+    number: int
+    job_id: str
+    state: str
+    kind: str
+    cause: str
+    root_cause_host: int | None
+    ended_at: float | None
+
+    @classmethod
+    def from_pb(cls, a: pb.Attempt) -> Attempt:
+        return cls(number=a.number, job_id=a.job_id,
+                   state=pb.JobState.Name(a.state).removeprefix("JOB_STATE_"), kind=a.kind,
+                   cause=a.cause,
+                   root_cause_host=a.root_cause_host if a.root_cause_host >= 0 else None,
+                   ended_at=a.ended_at or None)
+
+
+@dataclasses.dataclass(frozen=True)
 class JobStatus:
     """Where a job stands. ``state`` is one of QUEUED, RUNNING, SUCCEEDED,
     FAILED, CANCELLED, TIMED_OUT, LOST, PREEMPTED, or WARM: a slice's warm
@@ -38,6 +62,7 @@ class JobStatus:
     queued_behind: str | None
     queue_position: int | None
     warm_until: float | None = None
+    attempts: tuple[Attempt, ...] = ()      # retries=: the attempts that ended before
 
     @property
     def finished(self) -> bool:
@@ -51,7 +76,8 @@ class JobStatus:
                    accelerator=s.accelerator, hosts=s.num_hosts, created_at=s.created_at,
                    started_at=s.started_at or None, ended_at=s.ended_at or None,
                    detail=s.detail, queued_behind=s.queued_behind or None,
-                   queue_position=s.queue_position or None)
+                   queue_position=s.queue_position or None,
+                   attempts=tuple(Attempt.from_pb(a) for a in s.attempts))
 
 
 class JobHandle:

@@ -194,6 +194,7 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
     except BaseException as exc:
         try:
             exc.remote_tpu_end = end            # how it ended, for retries= (_retries)
+            exc.remote_tpu_job = job_id
         except (AttributeError, TypeError):
             pass
         raise

@@ -20,10 +20,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ._core.exceptions import (AgentUnavailableError, ConfigurationError, RemoteTPUError,
-                               SerializationError, VersionMismatchError, AuthenticationError)
+from ._core.exceptions import (AgentUnavailableError, AuthenticationError, ConfigurationError,
+                               SerializationError, VersionMismatchError)
 
-PREEMPTION, FAILURE = "preemption", "failure"
+from ._core.states import FAILURE, PREEMPTION, end_cause, retry_kind  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +44,13 @@ class Retries:
                 raise ConfigurationError(f"Retries({name}=...) must be an int >= 0, got {v!r}")
         for name in ("backoff", "backoff_max"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise ConfigurationError(f"Retries({name}=...) must be seconds >= 0, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 86400:
+                raise ConfigurationError(f"Retries({name}=...) must be seconds from 0 to "
+                                         f"86400 (a day), got {v!r}")
+        if self.preemptions + self.failures > 1000:
+            raise ConfigurationError(f"Retries(...) allows at most 1000 retries in all, got "
+                                     f"preemptions={self.preemptions}, "
+                                     f"failures={self.failures}")
 
 
 def coerce(value: int | Retries | None) -> Retries | None:
@@ -63,8 +68,6 @@ def coerce(value: int | Retries | None) -> Retries | None:
 
 def kind_of(exc: BaseException) -> str | None:
     """PREEMPTION, FAILURE, or None for an end that is not retried."""
-    from ._core.proto import remote_tpu_pb2 as pb
-
     if isinstance(exc, (KeyboardInterrupt, ConfigurationError, SerializationError,
                         VersionMismatchError, AuthenticationError)) and \
             getattr(exc, "remote_tpu_end", None) is None:
@@ -73,31 +76,33 @@ def kind_of(exc: BaseException) -> str | None:
         return PREEMPTION
     end = getattr(exc, "remote_tpu_end", None)
     if end is None:
-        return None if isinstance(exc, RemoteTPUError) else None
-    if end.state in (pb.JOB_STATE_PREEMPTED, pb.JOB_STATE_LOST):
-        return PREEMPTION
-    if end.state == pb.JOB_STATE_CANCELLED:
         return None
-    if 0 <= end.root_cause_host < len(end.hosts) and \
-            end.hosts[end.root_cause_host].state == pb.HOST_STATE_LOST:
-        return PREEMPTION
-    return FAILURE
+    return retry_kind(end) or None
 
 
 def _cause(exc: BaseException) -> str:
+    end = getattr(exc, "remote_tpu_end", None)
+    if end is not None:
+        return end_cause(end)
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
-def run(retries: Retries | None, attempt: Callable[[int], Any]) -> Any:
-    """``attempt(n)`` for n = 0, 1, ... until it returns, or until an end is
-    not to be retried or its kind's retries are spent."""
+def run(retries: Retries | None, attempt: Callable[[int, list], Any]) -> Any:
+    """``attempt(n, earlier)`` for n = 0, 1, ... until it returns, or until an
+    end is not to be retried or its kind's retries are spent; ``earlier``: the
+    attempts that ended before (``pb.Attempt``), for the job's status."""
     if retries is None:
-        return attempt(0)
+        return attempt(0, [])
+    import time
+
     import tenacity
+
+    from ._core.proto import remote_tpu_pb2 as pb
 
     used = {PREEMPTION: 0, FAILURE: 0}
     causes: list[str] = []
+    earlier: list = []
 
     def again(state: tenacity.RetryCallState) -> bool:
         exc = state.outcome.exception() if state.outcome else None
@@ -108,6 +113,12 @@ def run(retries: Retries | None, attempt: Callable[[int], Any]) -> Any:
         causes.append(f"attempt {state.attempt_number - 1} ({kind}): {_cause(exc)}")
         if used[kind] >= limit:
             return False
+        end = getattr(exc, "remote_tpu_end", None)
+        earlier.append(pb.Attempt(
+            number=state.attempt_number - 1, job_id=getattr(exc, "remote_tpu_job", ""),
+            state=end.state if end is not None else pb.JOB_STATE_LOST, kind=kind,
+            cause=_cause(exc), root_cause_host=end.root_cause_host if end is not None else -1,
+            ended_at=time.time()))
         used[kind] += 1
         print(f"remote_tpu: attempt {state.attempt_number - 1} ended by a {kind} "
               f"({_cause(exc)}); retrying ({used[kind]} of {limit} {kind} retries)",
@@ -120,7 +131,7 @@ def run(retries: Retries | None, attempt: Callable[[int], Any]) -> Any:
                 wait=tenacity.wait_exponential(multiplier=retries.backoff,
                                                max=retries.backoff_max)):
             with trial:
-                return attempt(trial.retry_state.attempt_number - 1)
+                return attempt(trial.retry_state.attempt_number - 1, list(earlier))
     except BaseException as exc:
         if len(causes) > 1 and hasattr(exc, "add_note"):
             exc.add_note("remote_tpu: earlier attempts ended by:\n" +

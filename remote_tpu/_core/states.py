@@ -48,3 +48,40 @@ HOST_STATE_WORDS = {
     pb.HOST_STATE_CANCELLED: "cancelled",
     pb.HOST_STATE_LOST: "lost",
 }
+
+
+# retries=: how a job's end counts (the client's loop and the gateway's agree).
+PREEMPTION, FAILURE = "preemption", "failure"
+
+
+def retry_kind(end: pb.JobEnd) -> str:
+    """PREEMPTION (a host preempted, vanished or restarted under the job),
+    FAILURE (the function raised, a worker died, the job timed out), or ""
+    for an end that is never retried (it succeeded, or was cancelled)."""
+    if end.state in (pb.JOB_STATE_PREEMPTED, pb.JOB_STATE_LOST):
+        return PREEMPTION
+    if end.state in (pb.JOB_STATE_CANCELLED, pb.JOB_STATE_SUCCEEDED,
+                     pb.JOB_STATE_UNSPECIFIED):
+        return ""
+    if 0 <= end.root_cause_host < len(end.hosts) and \
+            end.hosts[end.root_cause_host].state == pb.HOST_STATE_LOST:
+        return PREEMPTION
+    return FAILURE
+
+
+def end_cause(end: pb.JobEnd) -> str:
+    """Why a job ended, in one line (at most 300 characters)."""
+    h = end.root_cause_host
+    if end.state == pb.JOB_STATE_PREEMPTED and end.detail:
+        text = end.detail.split(";")[0]           # "host 1 was preempted (...)"
+    elif 0 <= h < len(end.hosts):
+        r = end.hosts[h]
+        if r.exception.type_name:
+            text = f"host {h} raised {r.exception.type_name}: {r.exception.message}"
+        else:
+            text = f"host {h} {r.detail or HOST_STATE_WORDS.get(r.state, 'failed')}"
+    else:
+        text = f"{phase_name(PHASE_OF_END.get(end.state, pb.JOB_PHASE_FAILED))}: " \
+               f"{end.detail or 'no cause given'}"
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line[:300]
