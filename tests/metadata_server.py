@@ -1,9 +1,10 @@
 """Stand-ins for Google's HTTP services, as real HTTP servers on loopback: the
-GCE metadata server of one TPU VM, and (in test_tpu_vm.py) the Cloud TPU API."""
+GCE metadata server of one TPU VM (and slices of them), and the Cloud TPU API."""
 
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import signal
 import subprocess
@@ -92,12 +93,13 @@ class MetadataSlice:
     TPU VMs), each told who it is only by its own metadata stand-in."""
 
     def __init__(self, accelerator: str, n: int, extra: list[str] | None = None, *,
-                 first_ip: int = 2, tpu_env: str = "", token: str | None = None) -> None:
+                 first_ip: int = 2, tpu_env: str = "", token: str | None = None,
+                 port: int = 0) -> None:
         from conftest import free_port
         from remote_tpu._core.auth import TOKEN_ENV, new_token
 
         self.token = token or new_token()
-        self.port = free_port()
+        self.port = port or free_port()
         self.ips = [f"127.0.0.{first_ip + i}" for i in range(n)]
         self.addresses = [f"{ip}:{self.port}" for ip in self.ips]
         self.servers = [tpu_vm(i, self.ips, accelerator, tpu_env) for i in range(n)]
@@ -122,3 +124,24 @@ class MetadataSlice:
             proc.stdout.close()
         for server in self.servers:
             server.close()
+
+
+class TpuApiStandIn(HttpStandIn):
+    """A stand-in for the Cloud TPU API's nodes.get (v2), a real HTTP server."""
+
+    def __init__(self, nodes: dict[str, dict]) -> None:
+        self.nodes = nodes
+
+        def respond(path: str, headers: dict[str, str]) -> tuple[int, dict, bytes]:
+            node = self.nodes.get(path.removeprefix("/v2/"))
+            body = json.dumps(node if node else {"error": {"code": 404}}).encode()
+            return (200 if node else 404), {"Content-Type": "application/json"}, body
+
+        super().__init__(respond)
+
+
+def tpu_node(ips: list[str], accelerator: str, state: str = "READY") -> dict:
+    return {"acceleratorType": accelerator, "state": state,
+            "networkEndpoints": [{"ipAddress": ip, "port": 8470,
+                                  "accessConfig": {"externalIp": f"34.0.0.{i}"}}
+                                 for i, ip in enumerate(ips)]}

@@ -10,7 +10,7 @@ import pytest
 
 import remote_tpu
 from conftest import ROOT
-from metadata_server import MetadataSlice, tpu_vm
+from metadata_server import MetadataSlice, TpuApiStandIn, tpu_node, tpu_vm
 from remote_tpu._core.exceptions import ConfigurationError, JobFailedError
 from remote_tpu._core.multislice import disagreement, from_tpu_env, parse_tpu_env
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
@@ -138,7 +138,7 @@ def test_a_multislice_queued_resource_metadata_is_read_and_checked():
 
 
 @pytest.mark.slow
-def test_slices_from_their_metadata_run_one_job_and_a_wrong_order_is_refused():
+def test_slices_from_their_metadata_run_one_job_and_a_wrong_order_is_refused(monkeypatch):
     """Two slices of two TPU VMs each, as a multislice queued resource makes
     them: every host knows its slice only from its metadata stand-in. The
     client names one host of each slice; JAX's own cluster code, run in each
@@ -146,7 +146,12 @@ def test_slices_from_their_metadata_run_one_job_and_a_wrong_order_is_refused():
     first = MetadataSlice("v4-16", 2, ["--pass-env", "GCE_METADATA_IP"],
                           tpu_env=_multislice_env(0, "127.0.0.2"))
     second = MetadataSlice("v4-16", 2, ["--pass-env", "GCE_METADATA_IP"], first_ip=10,
-                           tpu_env=_multislice_env(1, "127.0.0.2"), token=first.token)
+                           tpu_env=_multislice_env(1, "127.0.0.2"), token=first.token,
+                           port=first.port)
+    # The two slices as one multislice queued resource's nodes, pool-0 and pool-1.
+    api = TpuApiStandIn({f"projects/p/locations/z/nodes/pool-{s}": tpu_node(vm.ips, "v4-16")
+                         for s, vm in enumerate((first, second))})
+    monkeypatch.setenv("REMOTE_TPU_TPU_API", api.url)
     try:
         def derived():
             from jax._src.clusters.cloud_tpu_cluster import GceTpuCluster
@@ -167,6 +172,9 @@ def test_slices_from_their_metadata_run_one_job_and_a_wrong_order_is_refused():
         ours, theirs, agree = run()
         assert ours == theirs == (0, 4, "127.0.0.2")
         assert agree == [1, 1, 1, 1]
+        pool = remote_tpu.run(accelerator="tpu-v4-16", num_slices=2, token=first.token,
+                              hosts=f"tpu://pool?zone=z&project=p&port={first.port}")
+        assert pool(derived)() == (ours, theirs, agree)
 
         backwards = remote_tpu.run(accelerator="tpu-v4-16", num_slices=2, token=first.token,
                                    hosts=[second.addresses[0], first.addresses[0]])(len)
@@ -192,6 +200,7 @@ def test_slices_from_their_metadata_run_one_job_and_a_wrong_order_is_refused():
         assert doctor.returncode == 1, doctor.stdout + doctor.stderr
         assert "- slice 1: " in doctor.stdout and "1/?" in doctor.stdout, doctor.stdout
     finally:
+        api.close()
         first.stop()
         if second.procs[0].poll() is None:
             second.stop()

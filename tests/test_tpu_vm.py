@@ -17,7 +17,8 @@ import pytest
 
 import remote_tpu
 from conftest import free_port, hold_open
-from metadata_server import HttpStandIn, MetadataSlice, MetadataStandIn, tpu_vm
+from metadata_server import (MetadataSlice, MetadataStandIn, TpuApiStandIn, tpu_node,
+                             tpu_vm)
 from remote_tpu._core.auth import TOKEN_ENV, new_token
 from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu_agent._discovery import MetadataServer, discover
@@ -367,27 +368,6 @@ def test_a_preempted_host_ends_the_job_preempted():
 # ------------------------------------------------------ tpu://NAME (Cloud TPU API)
 
 
-class TpuApiStandIn(HttpStandIn):
-    """A stand-in for the Cloud TPU API's nodes.get (v2), a real HTTP server."""
-
-    def __init__(self, nodes: dict[str, dict]) -> None:
-        self.nodes = nodes
-
-        def respond(path: str, headers: dict[str, str]) -> tuple[int, dict, bytes]:
-            node = self.nodes.get(path.removeprefix("/v2/"))
-            body = json.dumps(node if node else {"error": {"code": 404}}).encode()
-            return (200 if node else 404), {"Content-Type": "application/json"}, body
-
-        super().__init__(respond)
-
-
-def _node(ips: list[str], accelerator: str, state: str = "READY") -> dict:
-    return {"acceleratorType": accelerator, "state": state,
-            "networkEndpoints": [{"ipAddress": ip, "port": 8470,
-                                  "accessConfig": {"externalIp": f"34.0.0.{i}"}}
-                                 for i, ip in enumerate(ips)]}
-
-
 @pytest.mark.parametrize("url, message", [
     ("tpu://", "not a TPU reference"),
     ("tpu://x", r"needs \?zone="),
@@ -403,8 +383,8 @@ def test_bad_tpu_references_fail_when_applied(url, message):
 def test_tpu_name_resolves_to_its_workers_through_the_cloud_tpu_api(monkeypatch):
     vm = MetadataSlice("v4-16", 2)
     api = TpuApiStandIn({
-        "projects/p/locations/z/nodes/my-tpu": _node(vm.ips, "v4-16"),
-        "projects/p/locations/z/nodes/creating": _node(vm.ips, "v4-16", state="CREATING"),
+        "projects/p/locations/z/nodes/my-tpu": tpu_node(vm.ips, "v4-16"),
+        "projects/p/locations/z/nodes/creating": tpu_node(vm.ips, "v4-16", state="CREATING"),
     })
     monkeypatch.setenv("REMOTE_TPU_TPU_API", api.url)
     monkeypatch.setenv("REMOTE_TPU_TOKEN", vm.token)
