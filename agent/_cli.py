@@ -95,6 +95,11 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--pass-env", default="",
                    help="comma-separated names of this agent's environment variables that "
                         "user functions may see (beyond PATH, HOME, locale, TPU/JAX/XLA ...)")
+    p.add_argument("--python", action="append", default=[], metavar="PATH",
+                   help="an interpreter of another Python minor version, for clients that "
+                        "run it (repeatable; else pythonX.Y on PATH, or uv's)")
+    p.add_argument("--no-python-downloads", action="store_true",
+                   help="never let uv download a Python a client needs")
     p.add_argument("--tpu-lockfile", default=DEFAULT_LOCKFILE,
                    help=f"libtpu's lock file (default {DEFAULT_LOCKFILE})")
     p.add_argument("--tpu-devices", default=",".join(DEFAULT_DEVICES),
@@ -331,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         max_payload_bytes=args.max_payload_bytes, max_streams=args.max_streams,
         max_log_bytes=args.max_log_bytes, max_store_bytes=args.max_store_bytes,
         spare_workers=args.spare_workers, cache_bytes=args.cache_bytes,
-        cache_dir=args.cache_dir, output_interval=args.output_interval)
+        cache_dir=args.cache_dir, output_interval=args.output_interval,
+        pythons=tuple(args.python), python_downloads=not args.no_python_downloads)
     try:
         server, port, service = create_server(config)
     except ConfigurationError as exc:

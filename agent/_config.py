@@ -42,6 +42,8 @@ class AgentConfig:
     cache_bytes: int = 8 << 30          # the argument cache (see _blobs)
     cache_dir: str = ""                 # "" = /dev/shm where there is one, else state_dir
     output_interval: float = 30.0       # seconds between uploads of output_dir= files
+    pythons: tuple[str, ...] = ()       # interpreters of other Python versions (_pythons)
+    python_downloads: bool = True       # uv may install a Python a client needs
 
     @property
     def peer_credentials(self) -> Credentials:

@@ -20,39 +20,60 @@ from collections.abc import Callable, Sequence
 
 from remote_tpu._core import digests
 from remote_tpu._core.dirs import prune_oldest
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.requirements import protected, refusal
+
+from ._pythons import EnvError, Pythons, run_installer
+from ._worker import ENV_PYTHON
+
+__all__ = ["EnvError", "Envs"]
 
 KEEP = 4
 
 
-class EnvError(Exception):
-    """The environment could not be made: what the caller is told."""
-
-
 class Envs:
-    """This host's environments, under ``root``."""
+    """This host's environments, under ``root``; ``pythons``: the
+    interpreters of other Python versions (``_pythons``)."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, pythons: Pythons | None = None) -> None:
         self.root = root
+        self.pythons = pythons or Pythons(os.path.join(root, "pythons"))
         self._lock = threading.Lock()
 
+    def for_job(self, spec: pb.JobSpec, simulate: bool,
+                say: Callable[[str], None]) -> dict[str, str]:
+        """What a job's worker environment needs to run it here: the
+        interpreter of its requirements= environment, on the client's Python
+        (``_pythons``); {} for the agent's own. EnvError."""
+        base = self.pythons.base(spec.client_versions, simulate, say)
+        python = self.python_for(spec.requirements, spec.allow_jax_requirements, say, base)
+        if base is None:
+            return {ENV_PYTHON: python} if python else {}
+        path = [self.pythons.shim(), *filter(None, [os.environ.get("PYTHONPATH")])]
+        return {ENV_PYTHON: python or base[0], "PYTHONPATH": os.pathsep.join(path)}
+
     def python_for(self, requirements: Sequence[str], allow_protected: bool,
-                   say: Callable[[str], None]) -> str:
+                   say: Callable[[str], None],
+                   base: tuple[str, list[str]] | None = None) -> str:
         """The interpreter of the environment for ``requirements`` (made first,
-        its installer's output passed to ``say`` line by line); "" for none."""
+        its installer's output passed to ``say`` line by line), layered on
+        ``base`` (an interpreter and its site-packages; default the agent's);
+        "" for none."""
         if not requirements:
             return ""
         bad = protected(requirements)
         if bad and not allow_protected:
             raise EnvError(refusal(bad))
-        key = digests.of("\n".join([sys.executable, sys.version, *requirements]).encode())
+        base_python, base_sites = base or (sys.executable, _own_sites())
+        key = digests.of("\n".join([base_python, sys.version if base is None else "",
+                                    *requirements]).encode())
         path = os.path.join(self.root, key.hex()[:24])
         python = os.path.join(path, "bin", "python")
         with self._lock:
             if not os.path.exists(os.path.join(path, ".remote_tpu-ready")):
                 shutil.rmtree(path, ignore_errors=True)
                 try:
-                    self._make(path, python, requirements, say)
+                    self._make(path, python, requirements, say, base_python, base_sites)
                 except BaseException:
                     shutil.rmtree(path, ignore_errors=True)
                     raise
@@ -60,18 +81,18 @@ class Envs:
             prune_oldest(self.root, KEEP, {path})
         return python
 
-    def _make(self, path: str, python: str, requirements: Sequence[str],
-              say: Callable[[str], None]) -> None:
+    @staticmethod
+    def _make(path: str, python: str, requirements: Sequence[str],
+              say: Callable[[str], None], base_python: str, base_sites: list[str]) -> None:
         say(f"remote_tpu: making an environment for {len(requirements)} requirement(s) "
             f"on this host (once): {path}")
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", path], check=True,
+        subprocess.run([base_python, "-m", "venv", "--without-pip", path], check=True,
                        capture_output=True, timeout=120)
-        version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        own = os.path.join(path, "lib", version, "site-packages")
-        layered = [p for p in [*site.getsitepackages(), site.getusersitepackages()]
-                   if os.path.isdir(p)]
-        with open(os.path.join(own, "_remote_tpu_host.pth"), "w") as f:     # the host's, after
-            f.write("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in layered)
+        lib = os.path.join(path, "lib")
+        own = os.path.join(lib, next(d for d in os.listdir(lib) if d.startswith("python")),
+                           "site-packages")
+        with open(os.path.join(own, "_remote_tpu_host.pth"), "w") as f:     # the base's, after
+            f.write("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in base_sites)
                     + "\n")
         req = os.path.join(path, "requirements.txt")
         with open(req, "w") as f:
@@ -80,15 +101,12 @@ class Envs:
         cmd = ([uv, "pip", "install", "--python", python, "-r", req] if uv else
                [sys.executable, "-m", "pip", "--python", python, "install",
                 "--disable-pip-version-check", "--no-input", "-r", req])
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True, errors="replace")
-        tail: list[str] = []
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            say(line.rstrip("\n"))
-            tail = (tail + [line.rstrip("\n")])[-15:]
-        if proc.wait() != 0:
-            raise EnvError(f"installing the requirements failed ({os.path.basename(cmd[0])} "
-                           f"exited with {proc.returncode}); its last lines:\n"
-                           + "\n".join(tail))
+        run_installer(cmd, say, "installing the requirements")
         open(os.path.join(path, ".remote_tpu-ready"), "w").close()
+
+
+def _own_sites() -> list[str]:
+    """The agent's own site-packages, which a requirements= environment sees
+    after its own."""
+    return [p for p in [*site.getsitepackages(), site.getusersitepackages()]
+            if os.path.isdir(p)]

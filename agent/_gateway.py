@@ -28,7 +28,6 @@ from ._requests import Refused, abort, hosts_for
 from ._scheduler import JobRefused, Scheduler
 from ._store import JobRecord
 from ._envs import EnvError
-from ._worker import ENV_PYTHON
 from ._workdirs import place_job, refs_of
 from ._warm import WarmSession
 from ._worker_pipe import INLINE_BYTES
@@ -52,6 +51,7 @@ class GatewayRole:
             return existing, False
         try:
             hosts = hosts_for(spec, self._config.slice, self._host.endpoint())
+            self._check_python(spec)
         except Refused as r:
             abort(context, r)
         path = self._host.uploads.new_file(spec.job_id) if spec.payload_size > INLINE_BYTES else ""
@@ -78,6 +78,18 @@ class GatewayRole:
         finally:
             if path and os.path.exists(path):
                 os.unlink(path)
+
+    def _check_python(self, spec: pb.JobSpec) -> None:
+        """A client on another Python needs an interpreter of its version here
+        (``_pythons``): refused at once, before its payload comes, when none."""
+        pythons = self._host.envs.pythons
+        wanted = pythons.wanted(spec.client_versions)
+        if wanted is not None:
+            try:
+                pythons.interpreter(wanted[0])
+            except EnvError as exc:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "version",
+                              f"the agent at {self._host.endpoint()}: {exc}") from None
 
     def _pin_blobs(self, record: JobRecord, context: grpc.ServicerContext) -> None:
         """Keep the job's large buffers in the cache until it is over; a job
@@ -123,10 +135,8 @@ class GatewayRole:
         spec = record.spec
         try:
             call_paths, tree, data = place_job(self._host.workdirs, spec, record.blob_paths)
-            python = self._host.envs.python_for(
-                spec.requirements, spec.allow_jax_requirements,
-                lambda line: record.say(0, line))
-            extra = {ENV_PYTHON: python} if python else {}
+            extra = self._host.envs.for_job(spec, self._host.simulated,
+                                            lambda line: record.say(0, line))
             return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
                               payload=record.payload, blob_paths=call_paths, working_dir=tree,
                               data=data,

@@ -35,3 +35,4 @@ class Host:
     workdirs: WorkingDirs
     envs: Envs
     output_interval: float = 30.0       # seconds between uploads of output_dir= files
+    simulated: bool = False             # JAX on CPU (--simulate-devices): no jax[tpu]

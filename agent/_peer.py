@@ -119,11 +119,8 @@ class PeerRole:
         """The worker's call: its trees placed here first, its environment made
         (its installer's lines to ``say``). OSError, ValueError, EnvError."""
         call_paths, working_dir, data = place_job(self._host.workdirs, spec, blob_paths)
-        python = self._host.envs.python_for(spec.requirements, spec.allow_jax_requirements,
-                                            say)
-        env = self._host.env_for(spec, spec.process_id, spec.coordinator_address)
-        if python:
-            env[_worker.ENV_PYTHON] = python
+        env = {**self._host.env_for(spec, spec.process_id, spec.coordinator_address),
+               **self._host.envs.for_job(spec, self._host.simulated, say)}
         return Call(job_dir=record.dir, payload=payload, digest=spec.payload_digest.hex(),
                     env=env,
                     blobs=call_paths, working_dir=working_dir, data=data,

@@ -70,7 +70,7 @@ def _read_spec(requests: Iterator[pb.RunRequest], endpoint: str,
     spec = first.spec
     try:
         check_compatible(spec.client_versions, sender="this client",
-                         receiver=f"the agent at {endpoint}")
+                         receiver=f"the agent at {endpoint}", interpreter=False)
     except Exception as exc:  # noqa: BLE001 - VersionMismatchError, reported as it is
         raise Refused(grpc.StatusCode.FAILED_PRECONDITION, "version", str(exc)) from None
     if not valid_job_id(spec.job_id):

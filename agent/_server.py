@@ -50,6 +50,7 @@ from ._tpu import TpuGuard
 from ._uploads import Uploads
 from ._warm import is_session
 from ._envs import Envs
+from ._pythons import Pythons
 from ._workdirs import WorkingDirs
 from ._spares import Spares
 from ._worker_env import (num_processes, num_slices, passed_environment, spare_env,
@@ -80,8 +81,11 @@ class AgentService(pb_grpc.AgentServicer):
                     endpoint=lambda: self.endpoint, env_for=self._env_for,
                     preempted=self.preempted,
                     workdirs=WorkingDirs(os.path.join(self.state_dir, "workdirs")),
-                    envs=Envs(os.path.join(self.state_dir, "envs")),
-                    output_interval=config.output_interval)
+                    envs=Envs(os.path.join(self.state_dir, "envs"), Pythons(
+                        os.path.join(self.state_dir, "pythons"), config.pythons,
+                        config.python_downloads)),
+                    output_interval=config.output_interval,
+                    simulated=bool(config.simulate_devices))
         self.gateway = GatewayRole(config=config, host=host, advertise=self.address)
         self.scheduler = self.gateway.scheduler
         self.peer = PeerRole(host)

@@ -103,10 +103,13 @@ def test_health_reports_versions_and_slice(two_agents):
     assert reply.simulate_devices == 2
 
 
-def test_python_version_mismatch_names_both_versions(two_agents):
-    err = _refusal(two_agents.addresses[0], _spec(python="3.9.18"), two_agents.token)
+def test_a_client_python_no_host_has_is_refused_naming_both_versions(two_agents):
+    err = _refusal(two_agents.addresses[0], _spec(python="3.4.10", accelerator="tpu-v4-16"),
+                   two_agents.token)
     assert isinstance(err, remote_tpu.VersionMismatchError)
-    assert "Python 3.9.18 on this client" in str(err) and f"{sys.version_info.minor}" in str(err)
+    ours = f"3.{sys.version_info.minor}"
+    assert f"the client runs Python 3.4 and this host's agent Python {ours}" in str(err)
+    assert "`uv python install 3.4`" in str(err) and "--python" in str(err)
 
 
 @pytest.mark.parametrize("job_id", ["../../etc", "", "a/b", "x" * 65])

@@ -54,7 +54,8 @@ def versions_pb() -> pb.Versions:
 
 
 def differences(theirs: Mapping[str, Any] | pb.Versions, *, releases: bool = False,
-                there: str = "there", here: str = "here") -> list[str]:
+                there: str = "there", here: str = "here",
+                interpreter: bool = True) -> list[str]:
     """What differs between ``theirs`` and this process that stops them working
     together: the wire protocol; the Python minor version and the cloudpickle
     release (cloudpickle ships code objects by value, which load only in the
@@ -69,6 +70,8 @@ def differences(theirs: Mapping[str, Any] | pb.Versions, *, releases: bool = Fal
     if a["protocol"] != b["protocol"]:
         problems.append(f"protocol {a['protocol']} (remote_tpu {a['remote_tpu']}) {there}, "
                         f"protocol {b['protocol']} (remote_tpu {b['remote_tpu']}) {here}")
+    if not interpreter:       # an agent runs workers on the client's Python (_pythons)
+        return problems
     if a["python"].split(".")[:2] != b["python"].split(".")[:2]:
         problems.append(f"Python {a['python']} {there}, {b['python']} {here}")
     if a["cloudpickle"] != b["cloudpickle"]:
@@ -81,10 +84,12 @@ def differences(theirs: Mapping[str, Any] | pb.Versions, *, releases: bool = Fal
 
 
 def check_compatible(theirs: Mapping[str, Any] | pb.Versions, *, sender: str,
-                     receiver: str = "this process") -> None:
+                     receiver: str = "this process", interpreter: bool = True) -> None:
     """Raise VersionMismatchError when ``differences`` finds any, naming both
-    sides: ``sender`` (whose versions are ``theirs``) and ``receiver`` (us)."""
-    problems = differences(theirs, there=f"on {sender}", here=f"on {receiver}")
+    sides: ``sender`` (whose versions are ``theirs``) and ``receiver`` (us);
+    ``interpreter=False``: the wire protocol only."""
+    problems = differences(theirs, there=f"on {sender}", here=f"on {receiver}",
+                           interpreter=interpreter)
     if problems:
         raise VersionMismatchError(
             f"{sender} cannot work with {receiver}: " + "; ".join(problems)
