@@ -7,23 +7,22 @@ than waiting for JAX's heartbeat timeout, then reports every host's final state.
 
 With ``keep_warm`` (or in a warm session, ``_warm``) the workers outlive the
 call: once their function returns they park, and the job is over once every
-host has parked. A
-call that does not end so ends the session: every worker of it is stopped, here
-and on the peers, and the caller is told the warm state is gone.
+host has parked. A call that does not end so ends the session: every worker of
+it is stopped, here and on the peers, and the caller is told the warm state is gone.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from remote_tpu._core.addresses import join_host_port
+from remote_tpu._core.addresses import free_port, join_host_port
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.channels import Credentials
 
@@ -47,17 +46,10 @@ WARM_LOST = ("the warm workers were stopped: remote_tpu.state and what was on th
              "are gone, and the next call starts in fresh workers")
 
 
+@dataclasses.dataclass
 class _Cancel:
-    def __init__(self, reason: str, state: int) -> None:
-        self.reason = reason
-        self.state = state
-
-
-def free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    reason: str
+    state: int
 
 
 class GatewayJob:
@@ -125,6 +117,7 @@ class GatewayJob:
                         for i in range(self.n)]
         self.done: set[int] = set()
         self.exited: set[int] = set()
+        self.permanent = False            # a peer refused us for good (_preflight)
 
     def cancel(self, reason: str, state: int = pb.JOB_STATE_CANCELLED) -> None:
         """Stop the job on every host; it ends in ``state`` with ``reason``."""
@@ -149,7 +142,8 @@ class GatewayJob:
             if refused:
                 yield pb.Event(host=0, end=pb.JobEnd(
                     state=pb.JOB_STATE_FAILED, root_cause_host=refused[0].host,
-                    hosts=self.reports, detail="nothing was started on any host"))
+                    hosts=self.reports, detail="nothing was started on any host",
+                    permanent=self.permanent))
                 return
             yield from self._run()
         finally:
@@ -192,7 +186,8 @@ class GatewayJob:
             first.setdefault(remote.address, remote)
         with concurrent.futures.ThreadPoolExecutor(max(1, len(first))) as pool:
             by_agent = dict(zip(first, pool.map(lambda r: r.preflight(), first.values())))
-        problems = [by_agent[remote.address] or self._blob_problems.get(remote.address, "")
+        self.permanent = any(permanent for _, permanent in by_agent.values())
+        problems = [by_agent[remote.address][0] or self._blob_problems.get(remote.address, "")
                     for remote in self.remotes]
         refused = []
         if self.tpu is not None:

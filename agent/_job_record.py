@@ -179,6 +179,7 @@ class JobRecord:
                 self.status.queue_position = 0
                 if end is not None:
                     self.status.end.CopyFrom(end)
+                    self.status.end.num_slices = self.spec.num_slices
                 for host_log in self._logs.values():
                     host_log.close()
             self.touch()

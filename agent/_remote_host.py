@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from remote_tpu._core.exceptions import AuthenticationError, VersionMismatchError
 from remote_tpu._core.channels import (Credentials, error_from_rpc, forget_if_unavailable,
                                        health, stub)
 from remote_tpu._core.limits import CHUNK_SIZE, INLINE_BYTES
@@ -47,21 +48,25 @@ class RemoteHost:
         self.parked = False               # warm, between calls, its call still open
         self.finished = threading.Event()
 
-    def preflight(self) -> str:
+    def preflight(self) -> tuple[str, bool]:
         """Check, before anything runs anywhere, that the peer answers, accepts
-        our credentials and speaks our protocol. Returns what is wrong, or ""."""
+        our credentials and speaks our protocol. Returns what is wrong (or "")
+        and whether it is permanent (refused: asking again cannot help, unlike
+        a peer that does not answer, as while its VM is preempted)."""
         try:
             reply = health(self.address, self._credentials, attempts=2)
+        except (AuthenticationError, VersionMismatchError) as exc:
+            return f"agent at {self.address} cannot take the job: {exc}", True
         except Exception as exc:  # noqa: BLE001 - every failure is reported
-            return f"agent at {self.address} cannot take the job: {exc}"
+            return f"agent at {self.address} cannot take the job: {exc}", False
         problems = differences(reply.versions, there=f"on the agent at {self.address}",
                                here="on the gateway")
         if problems:
             return (f"agent at {self.address} cannot work with the gateway: "
-                    + "; ".join(problems))
+                    + "; ".join(problems)), True
         if reply.tpu_busy:
-            return f"cannot start on {self.address}: {reply.tpu_busy}"
-        return ""
+            return f"cannot start on {self.address}: {reply.tpu_busy}", False
+        return "", False
 
     def start(self) -> None:
         threading.Thread(target=self._relay, daemon=True, name=f"peer{self.host}").start()

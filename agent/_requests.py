@@ -105,7 +105,7 @@ def _read_spec(requests: Iterator[pb.RunRequest], endpoint: str,
     return spec
 
 
-MAX_RETRIES, MAX_BACKOFF = 1000, 86400.0
+MAX_RETRIES, MAX_BACKOFF = 200, 86400.0
 
 
 def _sane(r: pb.RetryPolicy) -> bool:

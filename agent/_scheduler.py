@@ -195,7 +195,8 @@ class Scheduler:
                     self._run(record, None)
             except JobRefused as exc:      # the job cannot run here: said as it is
                 record.set_phase(pb.JOB_PHASE_FAILED, str(exc), pb.JobEnd(
-                    state=pb.JOB_STATE_FAILED, root_cause_host=0, detail=str(exc)))
+                    state=pb.JOB_STATE_FAILED, root_cause_host=0, detail=str(exc),
+                    permanent=True))
             except Exception as exc:  # noqa: BLE001 - a job must never stop the queue
                 log.exception("job %s: internal error", record.job_id)
                 record.set_phase(pb.JOB_PHASE_FAILED, f"internal error in the agent: {exc}",
@@ -204,6 +205,7 @@ class Scheduler:
             finally:
                 with self._cond:
                     self._current = None
+                    self._early_cancel = None     # this job's, never the next one's
                     self._renumber()
                 _drop_payload(record)
 
@@ -250,13 +252,16 @@ class Scheduler:
         return None
 
     def _keep_warm(self, record: JobRecord, job: GatewayJob | None,
-                   warm: WarmSession | None, ended_how: str) -> Callable[[], None]:
+                   warm: WarmSession | None, ended_how: str,
+                   retrying: bool = False) -> Callable[[], None]:
         """As a job ends (before its caller hears of it): its workers stay as
         the slice's warm session, or the session it ran in is over. Returns
-        what is left to do once the caller has been told (stopping workers)."""
+        what is left to do once the caller has been told (stopping workers).
+        A job that runs again (``retrying``) stays the current one, to cancel."""
         session = job.kept_session(record.store) if job is not None else None
         with self._cond:
-            self._current = None            # release() from here on ends the session
+            # release() from here on ends the session
+            self._current = (record, None) if retrying else None
             end_now, self._end_warm_after = self._end_warm_after, ""
             if self._stopping:
                 end_now = end_now or "the agent is shutting down"
@@ -301,7 +306,8 @@ class Scheduler:
                 early = ("the agent is shutting down", pb.JOB_STATE_CANCELLED)
         if early is not None:
             job.cancel(*early)
-        record.set_phase(pb.JOB_PHASE_RUNNING)
+        record.set_phase(pb.JOB_PHASE_RUNNING, f"attempt {record.spec.attempt}"
+                         if record.spec.attempt else "")
         log.info("job %s: running on %d host(s)", record.job_id, job.n)
         outputs = OutputSync(record.spec, record.store.state_dir,   # this host's processes
                              list(range(processes_per_host(record.spec))),
@@ -323,10 +329,11 @@ class Scheduler:
                         end.detail = (f"{end.detail}; " if end.detail else "") + (
                             f"{dropped:,} bytes of output could not be stored: "
                             f"{record.store.full_message()}")
-                    finish = self._keep_warm(record, job, warm,
-                                             phase_name(PHASE_OF_END[end.state]))
-                    ended = True
                     record.retry_in = next_attempt(record, end)
+                    finish = self._keep_warm(record, job, warm,
+                                             phase_name(PHASE_OF_END[end.state]),
+                                             retrying=record.retry_in is not None)
+                    ended = True
                     if record.retry_in is not None:     # retries=: not over yet
                         record.set_phase(pb.JOB_PHASE_RUNNING,
                                          f"attempt {record.spec.attempt} ended by a "

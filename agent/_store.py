@@ -128,7 +128,7 @@ class JobStore:
                 return existing, False
             status = pb.JobStatus(job_id=spec.job_id, phase=pb.JOB_PHASE_QUEUED,
                                   accelerator=spec.accelerator, num_hosts=spec.num_hosts,
-                                  created_at=time.time())
+                                  created_at=time.time(), num_slices=spec.num_slices)
             record = JobRecord(self, spec, role, self._dir(spec.job_id, role), status)
             self._live[self._key(spec.job_id, role)] = record
             self.save(record)

@@ -274,7 +274,9 @@ def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
     })
     if num_slices(spec) > 1:
         env.update(_multislice_env(spec, process_id, coordinator))
-    if spec.HasField("retries"):          # the gateway's own retries (_attempts)
+    # retries=: which attempt (the gateway's own count, or the client's in
+    # spec.env); always set, so a warm worker never keeps an earlier job's.
+    if spec.HasField("retries") or "REMOTE_TPU_ATTEMPT" not in spec.env:
         env["REMOTE_TPU_ATTEMPT"] = str(spec.attempt)
     if spec.skip_jax_init:
         env[_worker.ENV_INIT_JAX] = "0"

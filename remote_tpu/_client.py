@@ -73,12 +73,6 @@ def _with_blobs(target: Target, payload: Payload) -> tuple[Payload, list[pb.Blob
     return payload, refs
 
 
-def where(options: RunOptions) -> str:
-    """What the job runs on, for messages: ``tpu-v4-16``, ``2 slices of tpu-v4-16``."""
-    name = options.topology.name
-    return f"{options.num_slices} slices of {name}" if options.num_slices > 1 else name
-
-
 def _target(options: RunOptions) -> Target:
     if options.slices:
         from ._slices import resolve
@@ -180,7 +174,7 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
     interrupted = False
     try:
         return outcome(stream, renderer, gateway=target.gateway, job_id=job_id,
-                       accelerator=where(options))
+                       accelerator=options.topology.name)
     except KeyboardInterrupt:
         interrupted = True
         if options.keep_warm:

@@ -40,6 +40,14 @@ def doctor_slices(slices: Sequence[str | Sequence[str]], token: str | None = Non
                 row[-1] += f"; DCN: reached {reached} of {len(mine)} hosts of the other slices"
         rows += slice_rows
         problems += [f"slice {s}: {p}" for p in slice_problems]
+        for h in [] if isinstance(reply, RemoteTPUError) else reply.hosts:
+            said = (h.health.megascale_num_slices, h.health.megascale_slice_id)
+            if said[0] > 1 and said != (len(slices), s):
+                problems.append(
+                    f"slice {s} host {h.host} is slice {said[1]} of a multislice of "
+                    f"{said[0]} by its own TPU environment (MEGASCALE_*), but is named as "
+                    f"slice {s} of {len(slices)} here: a job listing the slices in this order "
+                    "is refused; list them in the order of their slice ids")
         for probe in probes:
             if probe.error:
                 problems.append(f"slice {s} host {probe.host} cannot reach {probe.address} "

@@ -34,6 +34,7 @@ class Attempt:
     kind: str
     cause: str
     root_cause_host: int | None
+    started_at: float | None
     ended_at: float | None
 
     @classmethod
@@ -42,7 +43,7 @@ class Attempt:
                    state=pb.JobState.Name(a.state).removeprefix("JOB_STATE_"), kind=a.kind,
                    cause=a.cause,
                    root_cause_host=a.root_cause_host if a.root_cause_host >= 0 else None,
-                   ended_at=a.ended_at or None)
+                   started_at=a.started_at or None, ended_at=a.ended_at or None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,7 @@ class JobStatus:
     queue_position: int | None
     warm_until: float | None = None
     attempts: tuple[Attempt, ...] = ()      # retries=: the attempts that ended before
+    slices: int = 1                         # num_slices=: hosts counts every slice's
 
     @property
     def finished(self) -> bool:
@@ -77,7 +79,8 @@ class JobStatus:
                    started_at=s.started_at or None, ended_at=s.ended_at or None,
                    detail=s.detail, queued_behind=s.queued_behind or None,
                    queue_position=s.queue_position or None,
-                   attempts=tuple(Attempt.from_pb(a) for a in s.attempts))
+                   attempts=tuple(Attempt.from_pb(a) for a in s.attempts),
+                   slices=max(1, s.num_slices))
 
 
 class JobHandle:

@@ -260,6 +260,11 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
     from ._slices import num_slices_of, parse_slices
 
     slices_n = num_slices_of(num_slices)
+    if slices_n > 1 and n > 1:
+        raise ConfigurationError(
+            f"processes_per_host={n} with num_slices={slices_n}: every process of a host "
+            "would need a MEGASCALE_PORT of its own, which libtpu does not document; use "
+            "processes_per_host=1 on several slices")
     if slices_n > 1:
         parsed, slices = parse_slices(hosts, slices_n, topology, dict(env_items))
     else:

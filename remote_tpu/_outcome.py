@@ -19,18 +19,20 @@ from ._core.remote_exceptions import rebuild_exception
 from ._core.states import HOST_STATE_WORDS
 from ._render import OutputRenderer
 
-def host_name(h: int, per_slice: int = 0) -> str:
-    """``host 3``; in a job on several slices ``host 3 (slice 1 host 1)``."""
-    return f"host {h} (slice {h // per_slice} host {h % per_slice})" if per_slice \
-        else f"host {h}"
+def host_name(h: int, per_slice: int = 0, label: str = "host") -> str:
+    """``host 3``; in a job on several slices ``host 3 (slice 1 host 1)``
+    (``per_slice``: its hosts, or processes, per slice)."""
+    return f"{label} {h} (slice {h // per_slice} {label} {h % per_slice})" if per_slice \
+        else f"{label} {h}"
 
 
-def describe_hosts(reports: Sequence[pb.HostReport], per_slice: int = 0) -> str:
+def describe_hosts(reports: Sequence[pb.HostReport], per_slice: int = 0,
+                   label: str = "host") -> str:
     lines = []
     for r in reports:
         words = HOST_STATE_WORDS.get(r.state, "unknown")
         detail = f" ({r.detail})" if r.detail else ""
-        lines.append(f"  {host_name(r.host, per_slice)}: {words}{detail}")
+        lines.append(f"  {host_name(r.host, per_slice, label)}: {words}{detail}")
     return "\n".join(lines)
 
 
@@ -41,12 +43,15 @@ def _last_lines(report: pb.HostReport) -> str:
 
 
 def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str,
-                  per_slice: int = 0) -> None:
-    """Return if the job succeeded, else raise what the caller should see.
-    ``per_slice``: processes per slice of a job on several slices."""
+                  label: str = "host") -> None:
+    """Return if the job succeeded, else raise what the caller should see
+    (``label``: "process" when a host runs several)."""
     if end.state == pb.JOB_STATE_SUCCEEDED:
         return
-    hosts = describe_hosts(end.hosts, per_slice)
+    per_slice = len(end.hosts) // end.num_slices if end.num_slices > 1 else 0
+    if end.num_slices > 1:
+        accelerator = f"{end.num_slices} slices of {accelerator}"
+    hosts = describe_hosts(end.hosts, per_slice, label) or "  (none: nothing ran)"
     where = f"{accelerator}, job {job_id}"
     if end.state == pb.JOB_STATE_TIMED_OUT:
         stacks = "".join(f"\n===== host {r.host} =====\n{r.stacks.rstrip()}\n"
@@ -73,7 +78,7 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str,
     h = end.root_cause_host
     root = end.hosts[h]
     n = len(end.hosts)
-    name = host_name(h, per_slice)
+    name = host_name(h, per_slice, label)
     if root.state == pb.HOST_STATE_FAILED and root.exception.type_name:
         info = root.exception
         cause = RemoteTraceback(f"\nTraceback on {name} of {n} ({where}):\n"
@@ -151,7 +156,6 @@ class _Value:
 
 def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
             accelerator: str) -> Any:
-    per_slice = renderer.per_slice
     """Consume a Run or Result stream: show output, then return the value or
     raise what the caller should see."""
     value = _Value()
@@ -190,7 +194,7 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
     for notice in end.notices:
         print(f"remote_tpu: {notice}", file=sys.stderr, flush=True)
     try:
-        raise_for_end(end, accelerator=accelerator, job_id=job_id, per_slice=per_slice)
+        raise_for_end(end, accelerator=accelerator, job_id=job_id, label=renderer.label)
     except BaseException as exc:
         try:
             exc.remote_tpu_end = end            # how it ended, for retries= (_retries)

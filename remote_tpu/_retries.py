@@ -47,8 +47,8 @@ class Retries:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 86400:
                 raise ConfigurationError(f"Retries({name}=...) must be seconds from 0 to "
                                          f"86400 (a day), got {v!r}")
-        if self.preemptions + self.failures > 1000:
-            raise ConfigurationError(f"Retries(...) allows at most 1000 retries in all, got "
+        if self.preemptions + self.failures > 200:
+            raise ConfigurationError(f"Retries(...) allows at most 200 retries in all, got "
                                      f"preemptions={self.preemptions}, "
                                      f"failures={self.failures}")
 
@@ -107,8 +107,8 @@ def run(retries: Retries | None, attempt: Callable[[int, list], Any]) -> Any:
     def again(state: tenacity.RetryCallState) -> bool:
         exc = state.outcome.exception() if state.outcome else None
         kind = kind_of(exc) if exc is not None else None
-        if kind is None:
-            return False
+        if kind is None or (state.attempt_number == 1 and isinstance(exc, AgentUnavailableError)):
+            return False       # a gateway never reached at all: a wrong address, not a loss
         limit = retries.preemptions if kind == PREEMPTION else retries.failures
         causes.append(f"attempt {state.attempt_number - 1} ({kind}): {_cause(exc)}")
         if used[kind] >= limit:

@@ -18,12 +18,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-import grpc
 
 from ._core.addresses import Hosts, TpuRef, parse_hosts
 from ._core.auth import TLS
-from ._core.channels import Credentials, error_from_rpc, health
-from ._core.exceptions import ConfigurationError
+from ._core.channels import Credentials, health
+from ._core.exceptions import ConfigurationError, RemoteTPUError
 from ._core.multislice import MAX_SLICES, NUM_SLICES_ENV
 from ._core.topology import Topology
 
@@ -54,6 +53,9 @@ def parse_slices(hosts: str | Sequence[str | Sequence[str]] | None, num_slices: 
                  topology: Topology, env: Mapping[str, str]) -> tuple[Hosts, tuple[Hosts, ...]]:
     """(``hosts`` as one Hosts: the local slice, or slice 0; every slice's
     Hosts, empty for a local simulation) of a job on ``num_slices`` slices."""
+    port = env.get("MEGASCALE_PORT")
+    if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ConfigurationError(f"env= MEGASCALE_PORT={port!r} is not a port number (1-65535)")
     taken = sorted(set(env) & set(_SET_BY_US))
     if taken:
         raise ConfigurationError(f"env= sets {', '.join(taken)}, which remote_tpu sets on "
@@ -95,8 +97,8 @@ def parse_slices(hosts: str | Sequence[str | Sequence[str]] | None, num_slices: 
     return slices[0], tuple(slices)
 
 
-def slice_hosts(one: Hosts, s: int, topology: Topology, token: str | None,
-                tls: TLS | None) -> tuple[str, list[str]]:
+def slice_hosts(one: Hosts, s: int, num_slices: int, topology: Topology,
+                token: str | None, tls: TLS | None) -> tuple[str, list[str]]:
     """(the address this client reaches slice ``s`` at, its hosts as the
     slices reach each other): the list the caller gave, or what its gateway
     says its slice is."""
@@ -107,10 +109,9 @@ def slice_hosts(one: Hosts, s: int, topology: Topology, token: str | None,
         return target.gateway, list(target.hosts)
     try:
         reply = health(target.gateway, target.credentials)
-    except grpc.RpcError as exc:
-        err = error_from_rpc(exc, target.gateway)
-        err.add_note(f"(asking slice {s}'s agent at {target.gateway} for its hosts)")
-        raise err from None
+    except RemoteTPUError as exc:
+        exc.add_note(f"(asking slice {s}'s agent at {target.gateway} for its hosts)")
+        raise
     hosts = list(reply.peers) or [reply.agent_address or target.gateway]
     if len(hosts) != topology.hosts:
         raise ConfigurationError(
@@ -120,6 +121,13 @@ def slice_hosts(one: Hosts, s: int, topology: Topology, token: str | None,
             f"slice's hosts as hosts[{s}]")
     if reply.accelerator:
         topology.check_same(reply.accelerator, f"slice {s} ({one.entries[0]})")
+    if reply.megascale_num_slices > 1 and (reply.megascale_num_slices, reply.megascale_slice_id) \
+            != (num_slices, s):
+        raise ConfigurationError(
+            f"hosts[{s}] ({one.entries[0]}) is slice {reply.megascale_slice_id} of a "
+            f"multislice of {reply.megascale_num_slices} by its own TPU environment, but the "
+            f"job lists it as slice {s} of {num_slices}: list the slices in the order of their "
+            "slice ids, as many as were made together")
     gateway = reply.peers[0] if reply.peers and reply.worker_id != 0 else target.gateway
     return gateway, hosts
 
@@ -132,7 +140,7 @@ def resolve(slices: Sequence[Hosts], topology: Topology, token: str | None,
     every: list[str] = []
     gateway = ""
     for s, one in enumerate(slices):
-        reached, hosts = slice_hosts(one, s, topology, token, tls)
+        reached, hosts = slice_hosts(one, s, len(slices), topology, token, tls)
         gateway = gateway or reached
         every += hosts
     if len(set(every)) != len(every):

@@ -149,3 +149,94 @@ def test_the_checkpoint_resume_example_restores_what_attempt_0_saved(tmp_path):
     assert "attempt 1: restored step 3" in proc.stdout
     assert "'resumed_from': 3, 'step': 8, 'w_all_equal_steps': True" in proc.stdout
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["7", "8"]      # max_to_keep=2
+
+
+def test_a_peer_that_refuses_the_gateway_is_not_retried(capfd):
+    """A wrong token on one host: nothing ran, and asking again cannot help."""
+    from remote_tpu._core.auth import new_token
+
+    mixed = Agents(2, tokens=[new_token(), new_token()])
+    try:
+        fn = remote_tpu.run(accelerator="tpu-v4-16", hosts=mixed.addresses[0],
+                            token=mixed.token, init_jax=False, stream="none", retries=5)(len)
+        with pytest.raises(JobFailedError, match="nothing was started on any host"):
+            fn([])
+        assert "retrying" not in capfd.readouterr().err
+        handle = fn.submit([])
+        status = handle.wait(30)
+        assert status.state == "FAILED" and status.attempts == ()
+    finally:
+        mixed.stop()
+
+
+@pytest.mark.slow
+def test_a_gateway_never_reached_is_not_retried(capfd):
+    from conftest import free_port
+
+    fn = remote_tpu.run(accelerator="tpu-v4-16", hosts=f"127.0.0.1:{free_port()}",
+                        token="x" * 43, retries=3)(len)
+    with pytest.raises(remote_tpu.AgentUnavailableError):
+        fn([])
+    assert "ended by a preemption" not in capfd.readouterr().err
+
+
+def test_every_worker_is_told_its_attempt_even_without_retries():
+    from remote_tpu._core.proto import remote_tpu_pb2 as pb
+    from remote_tpu_agent._worker_env import worker_env
+
+    def attempt(**kw):
+        spec = pb.JobSpec(job_id="j", accelerator="tpu-v4-16", num_hosts=2, **kw)
+        return worker_env({}, spec=spec, process_id=0, coordinator="h:1",
+                          simulate_devices=2)["REMOTE_TPU_ATTEMPT"]
+
+    assert attempt() == "0"                     # a warm worker never keeps an earlier one
+    assert attempt(retries=pb.RetryPolicy(failures=1), attempt=2) == "2"
+    assert attempt(env={"REMOTE_TPU_ATTEMPT": "3"}) == "3"       # the caller's own count
+
+
+def test_a_cancel_while_an_attempt_winds_down_is_not_lost(tmp_path):
+    """The window between an attempt's end and its backoff: the scheduler
+    still holds the job, so a cancel ends it instead of the next attempt."""
+    from remote_tpu._core.proto import remote_tpu_pb2 as pb
+    from remote_tpu_agent._scheduler import Scheduler
+    from remote_tpu_agent._store import JobStore
+
+    ended, go_on, runs = threading.Event(), threading.Event(), []
+
+    class Winding:
+        """A job whose end is reported before its run() has wound down."""
+        n, session_id = 1, ""
+
+        def __init__(self, record):
+            self.record = record
+
+        def cancel(self, reason, state=pb.JOB_STATE_CANCELLED):
+            pass
+
+        def kept_session(self, store):
+            return None
+
+        def run(self):
+            runs.append(self.record.spec.attempt)
+            yield pb.Event(end=pb.JobEnd(state=pb.JOB_STATE_FAILED, root_cause_host=0, hosts=[
+                pb.HostReport(host=0, state=pb.HOST_STATE_FAILED, detail="boom")]))
+            if len(runs) == 1:
+                ended.set()
+                go_on.wait(10)
+
+    store = JobStore(str(tmp_path))
+    scheduler = Scheduler(lambda record, warm: Winding(record))
+    spec = pb.JobSpec(job_id="j1", accelerator="tpu-v4-8", num_hosts=1, role=pb.ROLE_GATEWAY,
+                      retries=pb.RetryPolicy(failures=3, backoff_seconds=0.2,
+                                             backoff_max_seconds=0.2))
+    record, _ = store.create(spec, pb.ROLE_GATEWAY)
+    try:
+        scheduler.submit(record)
+        assert ended.wait(10)
+        assert scheduler.cancel("j1", "cancelled on request")
+        go_on.set()
+        assert wait_until(lambda: record.finished, 10)
+        assert record.status.phase == pb.JOB_PHASE_CANCELLED and runs == [0]
+    finally:
+        go_on.set()
+        scheduler.shutdown("test over")

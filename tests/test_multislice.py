@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -127,6 +128,7 @@ def test_a_multislice_queued_resource_metadata_is_read_and_checked():
         server.close()
     assert found.megascale == (2, 1, "10.0.0.2")
     assert from_tpu_env(parse_tpu_env("ACCELERATOR_TYPE: 'v4-16'\n")) is None
+    assert from_tpu_env(parse_tpu_env(_multislice_env(0, "10.0.0.2", num=1))) is None
     assert disagreement(found.megascale, num_slices=2, slice_id=1,
                         coordinator_host="10.0.0.2") == ""
     assert "MEGASCALE_NUM_SLICES=2), but the job asks for num_slices=3" in disagreement(
@@ -176,12 +178,26 @@ def test_slices_from_their_metadata_run_one_job_and_a_wrong_order_is_refused(mon
                               hosts=f"tpu://pool?zone=z&project=p&port={first.port}")
         assert pool(derived)() == (ours, theirs, agree)
 
+        # Slices named by one agent each: the client asks them, and refuses at once.
         backwards = remote_tpu.run(accelerator="tpu-v4-16", num_slices=2, token=first.token,
                                    hosts=[second.addresses[0], first.addresses[0]])(len)
+        with pytest.raises(ConfigurationError, match=re.escape(
+                "is slice 1 of a multislice of 2 by its own TPU environment, but the job "
+                "lists it as slice 0 of 2")):
+            backwards([])
+        # Slices named by every host: each agent checks its own metadata.
+        backwards = remote_tpu.run(accelerator="tpu-v4-16", num_slices=2, token=first.token,
+                                   hosts=[second.addresses, first.addresses])(len)
         with pytest.raises(JobFailedError) as info:
             backwards([])
         assert "this slice is slice 1 of its multislice" in str(info.value)
         assert "list the slices in hosts= in the order of their slice ids" in str(info.value)
+        wrong = subprocess.run([sys.executable, "-m", "remote_tpu", "doctor",
+                                second.addresses[0], first.addresses[0]],
+                               env={**os.environ, "REMOTE_TPU_TOKEN": first.token},
+                               capture_output=True, text=True, timeout=60)
+        assert wrong.returncode == 1 and "slice 0 host 0 is slice 1 of a multislice of 2" \
+            in wrong.stdout, wrong.stdout + wrong.stderr
 
         # The doctor checks both slices, and the DCN between them.
         env = {**os.environ, "REMOTE_TPU_TOKEN": first.token}
@@ -239,10 +255,18 @@ def test_num_slices_and_hosts_are_checked_when_applied(monkeypatch):
         parse_slices(["local", "local"], 2, v4, {})
     with pytest.raises(ConfigurationError, match="env= sets MEGASCALE_SLICE_ID"):
         parse_slices("local", 2, v4, {"MEGASCALE_SLICE_ID": "1"})
+    for port in ("notaport", "0", "99999"):
+        with pytest.raises(ConfigurationError, match=f"MEGASCALE_PORT='{port}' is not a port"):
+            parse_slices("local", 2, v4, {"MEGASCALE_PORT": port})
+    with pytest.raises(ConfigurationError, match="processes_per_host=2 with num_slices=2"):
+        remote_tpu.run(accelerator="tpu-v4-16", num_slices=2, processes_per_host=2)
     monkeypatch.setenv("REMOTE_TPU_HOSTS", "10.0.0.2;10.1.0.2,10.1.0.3")
     _, slices = parse_slices(None, 2, v4, {})
     assert [s.entries for s in slices] == [("10.0.0.2:8475",),
                                            ("10.1.0.2:8475", "10.1.0.3:8475")]
+    # Every other command (jobs, attach, doctor of one slice) reaches slice 0's gateway.
+    from remote_tpu._core.addresses import parse_hosts
+    assert parse_hosts(None).entries == ("10.0.0.2:8475",)
     with pytest.raises(ConfigurationError, match="num_slices= must be a whole number"):
         remote_tpu.run(accelerator="tpu-v4-16", num_slices=0)
 
@@ -284,3 +308,16 @@ def test_a_dcn_probe_tells_a_reachable_host_from_an_unreachable_one(monkeypatch)
             for s in waiting:
                 s.close()
     assert dropped.error.startswith("no answer within 0.5 s"), dropped
+
+
+def test_a_failure_names_its_slice_and_process_from_the_end_alone():
+    from remote_tpu._outcome import raise_for_end
+
+    hosts = [pb.HostReport(host=i, state=pb.HOST_STATE_CANCELLED) for i in range(8)]
+    hosts[5] = pb.HostReport(host=5, state=pb.HOST_STATE_DIED, detail="killed by SIGKILL")
+    end = pb.JobEnd(state=pb.JOB_STATE_FAILED, root_cause_host=5, hosts=hosts, num_slices=2)
+    with pytest.raises(JobFailedError) as info:
+        raise_for_end(end, accelerator="tpu-v4-16", job_id="j", label="process")
+    text = str(info.value)
+    assert text.startswith("process 5 (slice 1 process 1) of 8 (2 slices of tpu-v4-16, job j)")
+    assert "  process 3 (slice 0 process 3): cancelled" in text

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import socket
 import urllib.parse
 from collections.abc import Sequence
 
@@ -36,6 +37,14 @@ def host_of(address: str) -> str:
     if address.startswith("["):
         return address[1:].split("]", 1)[0]
     return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the JAX coordinator's, on a gateway)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def is_loopback(host: str) -> bool:
@@ -119,6 +128,9 @@ def parse_hosts(hosts: str | Sequence[str] | None) -> Hosts:
     if hosts is None:
         hosts = os.environ.get(HOSTS_ENV) or LOCAL
         source = HOSTS_ENV
+        if ";" in hosts:        # several slices (num_slices=): their gateway is slice 0's
+            hosts = hosts.split(";")[0]
+            source = f"{HOSTS_ENV} (slice 0 of its ';'-separated slices)"
         if "," in hosts:
             hosts = [h for h in hosts.split(",") if h.strip()]
     if isinstance(hosts, str):

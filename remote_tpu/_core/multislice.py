@@ -71,6 +71,8 @@ def from_tpu_env(values: Mapping[str, str]) -> tuple[int, int, str] | None:
     except ValueError:
         return None
     coordinator = values["MEGASCALE_COORDINATOR_ADDRESS"]
+    if num <= 1:
+        return None            # a slice on its own: it may join any multislice job
     return num, slice_id, host_of(coordinator)     # JAX strips the port the same way
 
 

@@ -57,7 +57,10 @@ PREEMPTION, FAILURE = "preemption", "failure"
 def retry_kind(end: pb.JobEnd) -> str:
     """PREEMPTION (a host preempted, vanished or restarted under the job),
     FAILURE (the function raised, a worker died, the job timed out), or ""
-    for an end that is never retried (it succeeded, or was cancelled)."""
+    for an end that is never retried (it succeeded, was cancelled, or
+    nothing ran and asking again cannot help: ``permanent``)."""
+    if end.permanent:
+        return ""
     if end.state in (pb.JOB_STATE_PREEMPTED, pb.JOB_STATE_LOST):
         return PREEMPTION
     if end.state in (pb.JOB_STATE_CANCELLED, pb.JOB_STATE_SUCCEEDED,
