@@ -264,8 +264,8 @@ class GatewayJob:
             event: pb.Event = item
             if event.HasField("done"):
                 self.reports[event.host] = event.done
-                if event.done.state == pb.HOST_STATE_SUCCEEDED:
-                    self.done.add(event.host)
+                if event.done.state == pb.HOST_STATE_SUCCEEDED or self.spec.keep_going:
+                    self.done.add(event.host)      # (a failure ends it in _succeed)
                     if len(self.done) == self.n:
                         yield from self._succeed()
                         return
@@ -274,10 +274,11 @@ class GatewayJob:
                     return
             elif event.HasField("exited"):
                 self._record_exit(event)
-                if event.exited.state != pb.HOST_STATE_SUCCEEDED:
+                failed = event.exited.state != pb.HOST_STATE_SUCCEEDED
+                if failed and not self.spec.keep_going:
                     yield from self._fail(pb.JOB_STATE_FAILED)
                     return
-                if event.exited.warm:     # parked: done (a peer sends no `done` first)
+                if event.exited.warm or failed:   # parked (a peer sends no `done`), or died
                     self.done.add(event.host)
                     if len(self.done) == self.n:
                         yield from self._succeed()

@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             a.add_argument("-f", "--follow", action="store_true")
             a.add_argument("--host", type=int, default=None, help="host index (default 0)")
     j.set_defaults(func=_jobs)
+    from ._cli_run import add_parsers
+    add_parsers(sub)
     args = p.parse_args(argv)
     if args.command == "local":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

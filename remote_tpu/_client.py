@@ -114,7 +114,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         collect_outputs=bool(options.output_dir) and not options.output_dir.startswith("gs://"),
         requirements=list(options.requirements),
         allow_jax_requirements=options.allow_jax_requirements,
-        data=data, gcs_data=gcs,
+        data=data, gcs_data=gcs, keep_going=options.keep_going,
     )
     retries = options.retries
     if retries is not None and submitted:       # its gateway tries it again (_attempts)

@@ -50,6 +50,7 @@ class RunOptions:
     retries: object = None            # a _retries.Retries, or None
     num_slices: int = 1
     slices: tuple[Hosts, ...] = ()    # num_slices > 1, not local: each slice's hosts
+    keep_going: bool = False          # no fail-fast (`remote-tpu exec`)
 
     @property
     def local(self) -> bool:

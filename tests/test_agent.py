@@ -234,5 +234,5 @@ def test_several_processes_per_host_across_agents(two_agents):
     assert spread() == ([0, 1, 2, 3], 4, "0")
     with pytest.raises(RuntimeError, match="process 3 gives up") as info:
         spread(3)
-    assert any("raised on host 3 of 4" in note for note in info.value.__notes__)
+    assert any("raised on process 3 of 4" in note for note in info.value.__notes__)
     assert wait_until(lambda: not live_workers(), 5)
