@@ -1,0 +1,76 @@
+"""A real Jupyter kernel (ipykernel, driven by jupyter_client as nbclient
+drives it): interrupting a cell that waits on a remote call cancels the job on
+every host, raises KeyboardInterrupt in the cell, and the kernel goes on."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+
+from conftest import Agents, live_workers, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+jupyter_client = pytest.importorskip("jupyter_client")
+pytest.importorskip("ipykernel")
+
+
+def _run_cell(kc, code: str, timeout: float = 90) -> tuple[dict, str]:
+    """Run ``code``; its execute_reply content and everything it printed."""
+    msg_id = kc.execute(code)
+    return _reply(kc, msg_id, timeout)
+
+
+def _reply(kc, msg_id: str, timeout: float) -> tuple[dict, str]:
+    printed = []
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            msg = kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise AssertionError(f"the cell printed {''.join(printed)!r} and did not end")
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            printed.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            printed.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    return kc.get_shell_msg(timeout=10)["content"], "".join(printed)
+
+
+def test_interrupting_a_cell_cancels_the_job_and_the_kernel_goes_on():
+    agents = Agents(2)
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    try:
+        reply, out = _run_cell(kc, f"""
+import remote_tpu, time
+@remote_tpu.run(accelerator="tpu-v4-16", hosts={agents.addresses[0]!r},
+                token={agents.token!r}, init_jax=False)
+def step(seconds):
+    import os, time
+    print("started", flush=True)
+    time.sleep(seconds)
+    return os.environ["REMOTE_TPU_HOST_INDEX"]
+print(step(0))
+""")
+        assert reply["status"] == "ok" and "started\n0\n" in out, out
+        msg_id = kc.execute("step(120)")
+        assert wait_until(lambda: len(live_workers()) >= 2, 60), "the job never started"
+        time.sleep(0.5)
+        interrupted = time.monotonic()
+        km.interrupt_kernel()                        # the notebook's stop button: SIGINT
+        assert wait_until(lambda: not live_workers(), 10)
+        stopped = time.monotonic() - interrupted
+        assert stopped < 2.0, f"every host stopped {stopped:.2f} s after the interrupt"
+        reply, out = _reply(kc, msg_id, 30)
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+        reply, out = _run_cell(kc, "print(step(0))")
+        assert reply["status"] == "ok" and out.endswith("0\n"), out
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        agents.stop()
