@@ -281,7 +281,8 @@ def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
                                                 external=_map_blobs(header))
         del data
         phase = "running the function"
-        value = fn(*args, **kwargs)
+        from remote_tpu_agent import _profile
+        value = _profile.call(fn, args, kwargs)
         if process_id == 0:
             phase = "pickling the return value"
             payload = _serialization.dumps(value, what="the return value")

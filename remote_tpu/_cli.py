@@ -12,13 +12,7 @@ import sys
 from ._core.exceptions import RemoteTPUError
 from ._core.addresses import HOSTS_ENV
 from ._core.versions import local_versions
-
-
-def _hosts_arg(value: str) -> str | list[str] | None:
-    """``--hosts a,b`` -> ``["a", "b"]``, ``--hosts a`` -> ``"a"``, ``""`` -> None
-    (``$REMOTE_TPU_HOSTS``)."""
-    entries = [h.strip() for h in value.split(",") if h.strip()]
-    return entries[0] if len(entries) == 1 else (entries or None)
+from ._cli_run import add_parsers, hosts_arg as _hosts_arg
 
 
 def _version(args: argparse.Namespace) -> int:
@@ -160,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
             a.add_argument("-f", "--follow", action="store_true")
             a.add_argument("--host", type=int, default=None, help="host index (default 0)")
     j.set_defaults(func=_jobs)
-    from ._cli_run import add_parsers
     add_parsers(sub)
     args = p.parse_args(argv)
     if args.command == "local":

@@ -22,6 +22,13 @@ from ._core.exceptions import ConfigurationError, RemoteTPUError
 from ._core.proto import remote_tpu_pb2 as pb
 
 
+def hosts_arg(value: str) -> str | list[str] | None:
+    """``--hosts a,b`` -> ``["a", "b"]``, ``--hosts a`` -> ``"a"``, ``""`` -> None
+    (``$REMOTE_TPU_HOSTS``)."""
+    entries = [h.strip() for h in value.split(",") if h.strip()]
+    return entries[0] if len(entries) == 1 else (entries or None)
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run a Python script on every host of a slice, as "
                                    "__main__ under jax.distributed")
@@ -57,15 +64,13 @@ def _options(p: argparse.ArgumentParser, stream: str) -> None:
 def _remote(args: argparse.Namespace, fn, **extra):
     import remote_tpu
 
-    from ._cli import _hosts_arg
-
     env = {}
     for item in args.env:
         name, sep, value = item.partition("=")
         if not sep:
             raise ConfigurationError(f"--env {item!r}: write NAME=VALUE")
         env[name] = value
-    return remote_tpu.run(accelerator=args.accelerator, hosts=_hosts_arg(args.hosts) or None,
+    return remote_tpu.run(accelerator=args.accelerator, hosts=hosts_arg(args.hosts) or None,
                           timeout=args.timeout, stream=args.stream, env=env,
                           working_dir=args.working_dir, output_dir=args.output_dir,
                           num_slices=args.num_slices, **extra)(fn)

@@ -115,6 +115,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         requirements=list(options.requirements),
         allow_jax_requirements=options.allow_jax_requirements,
         data=data, gcs_data=gcs, keep_going=options.keep_going,
+        profile_seconds=options.profile,
     )
     retries = options.retries
     if retries is not None and submitted:       # its gateway tries it again (_attempts)
@@ -186,6 +187,11 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
         if spec.collect_outputs and not interrupted:    # the job's files, failed or not
             from ._output_files import collect
             collect(target, job_id, options.output_dir)
+        if options.profile and not interrupted:
+            where = f"{options.output_dir}/{job_id}"
+            print(f"remote_tpu: every host's jax.profiler trace of job {job_id} is under "
+                  f"{where}/host_*/plugins/profile/ (view them: tensorboard --logdir {where}, "
+                  "or XProf)", file=sys.stderr, flush=True)
 
 
 _warm_targets: dict[tuple[str, Any], Target] = {}

@@ -109,6 +109,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         allow_jax_requirements: bool = False,
         retries: int | Any = None,
         num_slices: int | None = None,
+        profile: bool | float = False,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -183,6 +184,11 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         ``MEGASCALE_COORDINATOR_ADDRESS`` (slice 0's worker 0) and
         ``MEGASCALE_PORT`` (8081; ``env=`` may change it); process ids go slice
         by slice (slice * hosts per slice + host).
+    profile: True (the whole call) or a number of seconds (its first ones):
+        every host traces the call with ``jax.profiler`` into its output
+        directory (needs ``output_dir=``): the traces land in
+        ``{output_dir}/{job_id}/host_{i}/plugins/profile/``, for TensorBoard or
+        XProf; the call says where when it ends.
     """
     if fn is not None:
         raise ConfigurationError(
@@ -195,7 +201,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
                       init_jax=init_jax, working_dir=working_dir, output_dir=output_dir,
                       staging=staging, requirements=requirements,
                       allow_jax_requirements=allow_jax_requirements, retries=retries,
-                      num_slices=num_slices)
+                      num_slices=num_slices, profile=profile)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

@@ -51,6 +51,7 @@ class RunOptions:
     num_slices: int = 1
     slices: tuple[Hosts, ...] = ()    # num_slices > 1, not local: each slice's hosts
     keep_going: bool = False          # no fail-fast (`remote-tpu exec`)
+    profile: float = 0.0              # seconds of jax.profiler trace (inf: the call); 0 = off
 
     @property
     def local(self) -> bool:
@@ -185,6 +186,23 @@ def _requirements(value: Sequence[str] | str | os.PathLike | None,
     return kept
 
 
+def _profile(value: bool | float, output_dir: str, init_jax: bool) -> float:
+    """``profile=``: True (the whole call), seconds (its first ones), or off."""
+    if value is False or value is None or value == 0:
+        return 0.0
+    seconds = float("inf") if value is True else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+        raise ConfigurationError(f"profile= must be True, False or a number of seconds, "
+                                 f"got {value!r}")
+    if not output_dir:
+        raise ConfigurationError("profile= writes each host's jax.profiler trace to the job's "
+                                 "output directory: pass output_dir='gs://bucket/prefix' or a "
+                                 "local directory")
+    if not init_jax:
+        raise ConfigurationError("profile= traces JAX: it needs init_jax=True")
+    return float(seconds)
+
+
 def _retries(value: object) -> object:
     """``retries=``: an int, a remote_tpu.Retries, or None (``REMOTE_TPU_RETRIES``)."""
     from ._retries import coerce
@@ -210,7 +228,8 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
             staging: str | None = None,
             requirements: Sequence[str] | str | os.PathLike | None = None,
             allow_jax_requirements: bool = False,
-            retries: object = None, num_slices: int | None = None) -> RunOptions:
+            retries: object = None, num_slices: int | None = None,
+            profile: bool | float = False) -> RunOptions:
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
@@ -270,7 +289,9 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         parsed, slices = parse_slices(hosts, slices_n, topology, dict(env_items))
     else:
         parsed, slices = _checked_hosts(hosts, topology), ()
+    output = _output_dir(output_dir)
     return RunOptions(
+        profile=_profile(profile, output, init_jax),
         num_slices=slices_n,
         slices=slices,
         token=token,
@@ -285,7 +306,7 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         keep_warm=_keep_warm(keep_warm),
         init_jax=init_jax,
         working_dir=_working_dir(working_dir),
-        output_dir=_output_dir(output_dir),
+        output_dir=output,
         staging=_staging(staging),
         requirements=_requirements(requirements, allow_jax_requirements),
         allow_jax_requirements=allow_jax_requirements,

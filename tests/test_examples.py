@@ -24,3 +24,28 @@ def test_the_data_loader_assembles_every_hosts_shard_into_one_global_array():
     out = _example("data_loader.py").stdout
     assert "host 0: 64 of 128 rows here" in out
     assert "returned to the caller: {'rows': 128, 'sum': 24384.0" in out
+
+
+def test_profile_traces_every_host_into_the_jobs_output_directory(tmp_path):
+    proc = _example("profile.py", "--output-dir", str(tmp_path))
+    assert "traces of host_0, host_1" in proc.stdout
+    assert "jax.profiler trace of job train_steps-" in proc.stderr
+    [job] = os.listdir(tmp_path)
+    assert f"tensorboard --logdir {tmp_path}/{job}" in proc.stderr
+    # The first 0.2 s only: a trace all the same, cut short.
+    short = tmp_path / "short"
+    proc = _example("profile.py", "--output-dir", str(short), "--seconds", "0.2")
+    assert "traces of host_0, host_1" in proc.stdout
+
+
+@pytest.mark.timeout(30)
+def test_profile_needs_an_output_directory_and_jax():
+    import remote_tpu
+
+    with pytest.raises(remote_tpu.ConfigurationError, match="pass output_dir="):
+        remote_tpu.run(accelerator="tpu-v4-16", profile=True)
+    with pytest.raises(remote_tpu.ConfigurationError, match="needs init_jax=True"):
+        remote_tpu.run(accelerator="tpu-v4-16", profile=5, output_dir="gs://my-bucket/p",
+                       init_jax=False)
+    with pytest.raises(remote_tpu.ConfigurationError, match="number of seconds"):
+        remote_tpu.run(accelerator="tpu-v4-16", profile="yes", output_dir="gs://my-bucket/p")
