@@ -52,6 +52,7 @@ class JobRecord:
         self.result_read = threading.Event()
         # retries=: seconds until its next attempt, between two (``_attempts``).
         self.retry_in: float | None = None
+        self.workers_started = 0        # this attempt's processes started (for followers)
         self._logs: dict[int, HostLog] = {}
 
     def touch(self) -> None:
@@ -90,6 +91,11 @@ class JobRecord:
         finally:
             with self.changed:
                 self.touch()
+
+    def worker_started(self) -> None:
+        with self.changed:
+            self.workers_started += 1
+            self.touch()
 
     def say(self, host: int, line: str) -> bytes:
         """A line of this host's stderr from the agent itself (an installer's

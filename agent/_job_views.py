@@ -76,10 +76,15 @@ def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
     position = {h: (offsets[i] if i < len(offsets) else 0) for i, h in enumerate(hosts)}
     # Without follow, a running job's logs are read up to where they end now.
     stop = None if follow or record.finished else {h: record.log(h).end() for h in hosts}
+    told = 0                      # workers started, as the follower was told
     while context.is_active():
         with record.changed:
             finished = record.finished
             version = record.version
+            started = record.workers_started
+        if follow and started != told and not finished:
+            told = started
+            yield pb.Event(host=0, workers_started=started)
         sent = False
         for h in hosts:
             if stop is not None and position[h] >= stop[h]:

@@ -313,8 +313,11 @@ class Scheduler:
                              list(range(processes_per_host(record.spec))),
                              record.say, self._output_interval).start()
         try:
+            record.workers_started = 0
             for event in job.run():
-                if event.HasField("output"):
+                if event.HasField("started"):
+                    record.worker_started()
+                elif event.HasField("output"):
                     try:
                         record.append_output(event.host, event.output.stream, event.output.data)
                     except StoreFull as exc:

@@ -8,6 +8,7 @@ import os
 import re
 import socket
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +26,7 @@ from ._jobs import JobHandle
 from ._options import RunOptions
 from ._outcome import outcome
 from ._render import OutputRenderer
+from ._status import LiveStatus
 from ._core.limits import upload_deadline
 from ._target import Target, resolve_target
 
@@ -50,7 +52,8 @@ def new_job_id(name: str) -> str:
     return f"{stem}-{uuid.uuid4().hex[:12]}"
 
 
-def _requests(spec: pb.JobSpec, payload: Payload) -> Iterator[pb.RunRequest]:
+def _requests(spec: pb.JobSpec, payload: Payload,
+              status: LiveStatus | None = None) -> Iterator[pb.RunRequest]:
     if payload.nbytes <= INLINE_BYTES:            # one message: the spec carries it
         inline = pb.JobSpec()
         inline.CopyFrom(spec)
@@ -58,7 +61,11 @@ def _requests(spec: pb.JobSpec, payload: Payload) -> Iterator[pb.RunRequest]:
         yield pb.RunRequest(spec=inline)
         return
     yield pb.RunRequest(spec=spec)
+    sent, started = 0, time.monotonic()
     for chunk in payload.chunks():
+        if status is not None:
+            status.uploading(sent, payload.nbytes, started)
+        sent += len(chunk)
         yield pb.RunRequest(payload_chunk=chunk)
 
 
@@ -161,21 +168,24 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
     spec.blobs.extend(refs)
     if options.keep_warm and not target.local:
         _release_at_exit(target)
+    status = LiveStatus(processes=spec.num_hosts * options.processes_per_host,
+                        jax=options.init_jax)
     try:
-        stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
+        stream = target.call(lambda t: _start_run(t, spec, payload, status), retry=True)
     except BlobsMissing:         # evicted since they were sent: they go inside this time
         payload = payload.inline()
         spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target, attempt,
                      earlier)
         job_id = spec.job_id
-        stream = target.call(lambda t: _start_run(t, spec, payload), retry=True)
+        stream = target.call(lambda t: _start_run(t, spec, payload, status), retry=True)
+    status.phase("remote_tpu: waiting for the slice")
     label = "process" if options.processes_per_host > 1 else "host"
     renderer = OutputRenderer(options.stream, label, per_slice=(
         options.topology.hosts * options.processes_per_host if options.num_slices > 1 else 0))
     interrupted = False
     try:
         return outcome(stream, renderer, gateway=target.gateway, job_id=job_id,
-                       accelerator=options.topology.name)
+                       accelerator=options.topology.name, status=status)
     except KeyboardInterrupt:
         interrupted = True
         if options.keep_warm:
@@ -231,12 +241,14 @@ class _StartedRun:
         self._stream.cancel()
 
 
-def _start_run(target: Target, spec: pb.JobSpec, payload: Payload) -> _StartedRun:
+def _start_run(target: Target, spec: pb.JobSpec, payload: Payload,
+               status: LiveStatus | None = None) -> _StartedRun:
     """One attempt at Run, up to its first event. ``stub.Run`` only starts the
     call: a refused connection surfaces when the stream is first read, so that
     read belongs to the attempt; once an event has arrived, nothing is retried.
     Each attempt sends the payload from its start."""
-    stream = target.stub().Run(_requests(spec, payload), metadata=target.credentials.metadata)
+    stream = target.stub().Run(_requests(spec, payload, status),
+                               metadata=target.credentials.metadata)
     try:
         first = next(stream, None)
     except BaseException:

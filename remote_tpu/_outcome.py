@@ -18,6 +18,7 @@ from ._core.serialization import loads
 from ._core.remote_exceptions import rebuild_exception
 from ._core.states import HOST_STATE_WORDS
 from ._render import OutputRenderer
+from ._status import LiveStatus
 
 def host_name(h: int, per_slice: int = 0, label: str = "host") -> str:
     """``host 3``; in a job on several slices ``host 3 (slice 1 host 1)``
@@ -155,7 +156,7 @@ class _Value:
 
 
 def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
-            accelerator: str) -> Any:
+            accelerator: str, status: LiveStatus | None = None) -> Any:
     """Consume a Run or Result stream: show output, then return the value or
     raise what the caller should see."""
     value = _Value()
@@ -164,7 +165,11 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
         for event in stream:
             kind = event.WhichOneof("kind")
             if kind == "output":
+                if status is not None:
+                    status.close()           # the function speaks: the status is gone
                 renderer.write(event.host, event.output.stream, event.output.data)
+            elif kind == "workers_started" and status is not None:
+                status.started(event.workers_started)
             elif kind == "result_size":
                 value.sized(event.result_size, job_id)
             elif kind == "result_chunk":
@@ -181,12 +186,16 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
                 print(f"remote_tpu: job {job_id} is queued behind {ahead} "
                       f"(position {q.queue_position}) on {accelerator}", file=sys.stderr,
                       flush=True)
+                if status is not None:
+                    status.phase(f"remote_tpu: queued behind {q.queued_behind}")
     except grpc.RpcError as exc:
         raise error_from_rpc(exc, gateway) from None
     except BaseException:
         stream.cancel()          # Ctrl-C: the gateway stops every host
         raise
     finally:
+        if status is not None:
+            status.close()
         renderer.close()
     if end is None:
         raise AgentUnavailableError(f"the agent at {gateway} ended job {job_id} without a "
