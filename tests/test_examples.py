@@ -49,3 +49,13 @@ def test_profile_needs_an_output_directory_and_jax():
                        init_jax=False)
     with pytest.raises(remote_tpu.ConfigurationError, match="number of seconds"):
         remote_tpu.run(accelerator="tpu-v4-16", profile="yes", output_dir="gs://my-bucket/p")
+
+
+def test_flax_and_optax_train_on_a_3d_mesh_over_every_host():
+    out = _example("train_3d_mesh.py").stdout
+    assert "'mesh': {'data': 2, 'fsdp': 2, 'model': 2}" in out     # its own asserts passed
+
+
+def test_keras_trains_data_parallel_over_every_host():
+    out = _example("keras_data_parallel.py").stdout
+    assert "'backend': 'jax', 'devices': 8" in out and "'replicated': True" in out
