@@ -17,20 +17,9 @@ from conftest import Agents, wait_until
 from metadata_server import MetadataSlice
 from remote_tpu._core.exceptions import JobFailedError
 from remote_tpu._retries import Retries
+from test_retries import _on, agents  # noqa: F401 - its slice (a module fixture) and helper
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def agents():
-    a = Agents(2)
-    yield a
-    a.stop()
-
-
-def _on(agents, **kw):
-    return remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0],
-                          token=agents.token, init_jax=False, stream="none", **kw)
 
 
 def _dies_once():
