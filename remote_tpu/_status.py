@@ -97,12 +97,20 @@ class LiveStatus:
 
 
 def _new_bar():
+    import importlib
+
     try:
-        from tqdm.auto import tqdm
+        make = importlib.import_module("tqdm.std").tqdm
     except ImportError:          # no tqdm: no status line, nothing else changes
         return None
+    if "ipykernel" in sys.modules:
+        try:                     # a notebook with widgets: tqdm's own widget
+            importlib.import_module("ipywidgets")
+            make = importlib.import_module("tqdm.notebook").tqdm
+        except ImportError:      # none: the text line (Jupyter honours its \r)
+            pass
     # The terminal's width (80 where it says 0, as a fresh pseudo-terminal does).
-    return tqdm(total=0, bar_format="{desc}", file=sys.stderr, leave=False,
+    return make(total=0, bar_format="{desc}", file=sys.stderr, leave=False,
                 ncols=shutil.get_terminal_size().columns or 80)
 
 
