@@ -158,15 +158,40 @@ def test_a_peer_that_refuses_the_gateway_is_not_retried(capfd):
         mixed.stop()
 
 
-@pytest.mark.slow
-def test_a_gateway_never_reached_is_not_retried(capfd):
-    from conftest import free_port
+def test_a_gateway_never_reached_is_not_retried_but_one_lost_later_is(capfd):
+    from remote_tpu._core.exceptions import AgentUnavailableError
+    from remote_tpu._retries import run
 
-    fn = remote_tpu.run(accelerator="tpu-v4-16", hosts=f"127.0.0.1:{free_port()}",
-                        token="x" * 43, retries=3)(len)
-    with pytest.raises(remote_tpu.AgentUnavailableError):
-        fn([])
-    assert "ended by a preemption" not in capfd.readouterr().err
+    calls = []
+
+    def never_there(attempt, earlier):
+        calls.append(attempt)
+        raise AgentUnavailableError("no remote_tpu agent answered at 10.0.0.9:8475")
+
+    with pytest.raises(AgentUnavailableError):
+        run(Retries(preemptions=5, backoff=0), never_there)
+    assert calls == [0] and "retrying" not in capfd.readouterr().err     # a wrong address
+
+    def lost_then_back(attempt, earlier):
+        calls.append(attempt)
+        if attempt == 1:
+            raise AgentUnavailableError("the gateway went away")   # reached once: a loss
+        if attempt == 0:
+            raise _ended_by_a_lost_host()
+        return [a.kind for a in earlier]
+
+    calls.clear()
+    assert run(Retries(preemptions=5, backoff=0), lost_then_back) == ["preemption"] * 2
+    assert calls == [0, 1, 2]
+
+
+def _ended_by_a_lost_host() -> Exception:
+    from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+    exc = JobFailedError("host 1 lost")
+    exc.remote_tpu_end = pb.JobEnd(state=pb.JOB_STATE_LOST, root_cause_host=1, hosts=[
+        pb.HostReport(host=0), pb.HostReport(host=1, state=pb.HOST_STATE_LOST)])
+    return exc
 
 
 def test_every_worker_is_told_its_attempt_even_without_retries():

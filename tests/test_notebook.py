@@ -39,7 +39,10 @@ def _reply(kc, msg_id: str, timeout: float) -> tuple[dict, str]:
             printed.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
-    return kc.get_shell_msg(timeout=10)["content"], "".join(printed)
+    while True:                  # its own reply (kernel_info replies may come first)
+        reply = kc.get_shell_msg(timeout=10)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"], "".join(printed)
 
 
 def test_interrupting_a_cell_cancels_the_job_and_the_kernel_goes_on():
