@@ -23,42 +23,56 @@ BLOB_MIN = 1 << 20       # the same as an inline payload's limit: smaller ones t
 sent_bytes = [0]         # buffer bytes this process has sent (PutBlob), all told
 
 
-def _chunks(ref: pb.BlobRef, blob: memoryview, target: Target) -> Iterator[pb.BlobChunk]:
+Progress = Callable[[int], None]       # bytes of the buffers being sent, so far
+
+
+def _chunks(ref: pb.BlobRef, blob: memoryview, target: Target,
+            progress: Progress | None = None) -> Iterator[pb.BlobChunk]:
     forward = list(target.hosts[1:])
     yield pb.BlobChunk(blob=ref, forward_to=forward, to_slice=not forward)
     view = blob.cast("B") if blob.ndim != 1 or blob.format != "B" else blob
     for start in range(0, view.nbytes, CHUNK_SIZE):
+        if progress is not None:
+            progress(start)
         yield pb.BlobChunk(data=view[start:start + CHUNK_SIZE].tobytes())
 
 
-def send(target: Target, payload: Payload) -> list[pb.BlobRef] | None:
+def send(target: Target, payload: Payload,
+         progress: Callable[[int, int], None] | None = None) -> list[pb.BlobRef] | None:
     """Make sure the gateway holds every buffer ``payload`` left apart: their
     references for the job spec; None when they must travel in the payload
     instead (no cache there, or it cannot take them now)."""
     refs = [pb.BlobRef(digest=d, size=b.nbytes)
             for d, b in zip(payload.blob_digests(), payload.blobs)]
-    ok = send_buffers(target, refs, [lambda b=b: b for b in payload.blobs])
+    ok = send_buffers(target, refs, [lambda b=b: b for b in payload.blobs], progress)
     return refs if ok else None
 
 
 def send_buffers(target: Target, refs: list[pb.BlobRef],
-                 data: list[Callable[[], bytes | memoryview]]) -> bool:
+                 data: list[Callable[[], bytes | memoryview]],
+                 progress: Callable[[int, int], None] | None = None) -> bool:
     """Make sure the gateway holds every buffer of ``refs``, sending those it
     lacks (``data[i]()`` gives the bytes of ``refs[i]``); False when its cache
-    cannot take them all (there is none, or it is too small or full now)."""
+    cannot take them all (there is none, or it is too small or full now).
+    ``progress(sent, total)``: the bytes sent so far of those it lacked."""
     reply = target.call(lambda t: t.stub().HaveBlobs(
         pb.BlobQuery(blobs=refs), timeout=60, metadata=t.credentials.metadata), retry=True)
     unique = {ref.digest: ref.size for ref in refs}
     if sum(unique.values()) > reply.capacity:       # they could not all stay there at once
         return False
     sent: set[bytes] = set()
+    total = sum({r.digest: r.size for r, p in zip(refs, reply.present) if not p}.values())
+    before = 0                  # bytes of the buffers already sent by this call
     for ref, get, present in zip(refs, data, reply.present):
         if present or ref.digest in sent:
             continue
         blob = memoryview(get())
+        moved = None if progress is None else (
+            lambda n, base=before: progress(base + n, total))
         stored = target.call(lambda t: t.stub().PutBlob(
-            _chunks(ref, blob, t), timeout=upload_deadline(ref.size),
+            _chunks(ref, blob, t, moved), timeout=upload_deadline(ref.size),
             metadata=t.credentials.metadata), retry=True)
+        before += ref.size
         if stored.refused:
             return False
         sent.add(ref.digest)

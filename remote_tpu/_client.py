@@ -69,12 +69,15 @@ def _requests(spec: pb.JobSpec, payload: Payload,
         yield pb.RunRequest(payload_chunk=chunk)
 
 
-def _with_blobs(target: Target, payload: Payload) -> tuple[Payload, list[pb.BlobRef]]:
+def _with_blobs(target: Target, payload: Payload, status: LiveStatus | None = None
+                ) -> tuple[Payload, list[pb.BlobRef]]:
     """``payload`` and its large buffers' references, once the gateway holds
     them (``_blobs``); or the payload with its buffers inside, where it cannot."""
     if not payload.blobs:
         return payload, []
-    refs = blobs.send(target, payload)
+    started = time.monotonic()
+    refs = blobs.send(target, payload, None if status is None else (
+        lambda sent, total: status.uploading(sent, total, started)))
     if refs is None:
         return payload.inline(), []
     return payload, refs
@@ -163,22 +166,26 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
     """Run attached: output shown live, the value returned; the job is cancelled
     on every host if this call is interrupted or this process goes away."""
     target = _target(options)
-    payload, refs = _with_blobs(target, payload)
-    spec = _spec(options, payload, job_id, target, attempt, earlier)
-    spec.blobs.extend(refs)
-    if options.keep_warm and not target.local:
-        _release_at_exit(target)
-    status = LiveStatus(processes=spec.num_hosts * options.processes_per_host,
-                        jax=options.init_jax)
+    status = LiveStatus(processes=options.topology.hosts * options.num_slices *
+                        options.processes_per_host, jax=options.init_jax)
     try:
-        stream = target.call(lambda t: _start_run(t, spec, payload, status), retry=True)
-    except BlobsMissing:         # evicted since they were sent: they go inside this time
-        payload = payload.inline()
-        spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target, attempt,
-                     earlier)
-        job_id = spec.job_id
-        stream = target.call(lambda t: _start_run(t, spec, payload, status), retry=True)
-    status.phase("remote_tpu: waiting for the slice")
+        payload, refs = _with_blobs(target, payload, status)
+        spec = _spec(options, payload, job_id, target, attempt, earlier)
+        spec.blobs.extend(refs)
+        if options.keep_warm and not target.local:
+            _release_at_exit(target)
+        status.phase("remote_tpu: waiting for the slice")
+        try:
+            stream = target.call(lambda t: _start_run(t, spec, payload, status), retry=True)
+        except BlobsMissing:     # evicted since they were sent: they go inside this time
+            payload = payload.inline()
+            spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,
+                         attempt, earlier)
+            job_id = spec.job_id
+            stream = target.call(lambda t: _start_run(t, spec, payload, status), retry=True)
+    except BaseException:
+        status.close()           # refused or unreachable: the line goes with the call
+        raise
     label = "process" if options.processes_per_host > 1 else "host"
     renderer = OutputRenderer(options.stream, label, per_slice=(
         options.topology.hosts * options.processes_per_host if options.num_slices > 1 else 0))

@@ -49,7 +49,7 @@ class LiveStatus:
         if not self.enabled or self._done:
             return
         with self._lock:
-            if text.split(":")[0] != self._text.split(":")[0]:
+            if _kind(text) != _kind(self._text):
                 self._since = time.monotonic()       # a new phase, not its progress
             self._text = text
             if self._thread is None:
@@ -112,6 +112,12 @@ def _new_bar():
     # The terminal's width (80 where it says 0, as a fresh pseudo-terminal does).
     return make(total=0, bar_format="{desc}", file=sys.stderr, leave=False,
                 ncols=shutil.get_terminal_size().columns or 80)
+
+
+def _kind(text: str) -> str:
+    """Which phase a text tells of: its first word after "remote_tpu:"."""
+    words = text.split()
+    return words[1] if len(words) > 1 else text
 
 
 def _size(n: float) -> str:

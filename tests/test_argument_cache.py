@@ -35,9 +35,9 @@ def sends(monkeypatch):
     count = []
     real = _blobs._chunks
 
-    def counted(ref, blob, target):
+    def counted(ref, blob, target, progress=None):
         count.append(ref.size)
-        return real(ref, blob, target)
+        return real(ref, blob, target, progress)
     monkeypatch.setattr(_blobs, "_chunks", counted)
     return count
 

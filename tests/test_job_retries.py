@@ -34,7 +34,8 @@ def _dies_once():
 
 
 def test_a_worker_killed_in_attempt_0_is_retried_by_the_caller(agents, capfd):
-    assert _on(agents, retries=1)(_dies_once)() == 1
+    # retries=1, without its 10 s backoff
+    assert _on(agents, retries=Retries(preemptions=1, failures=1, backoff=0))(_dies_once)() == 1
     assert "attempt 0 ended by a failure" in capfd.readouterr().err
     newest = remote_tpu.jobs(agents.addresses[0], token=agents.token, limit=1)[0]
     assert [(a.number, a.kind) for a in newest.attempts] == [(0, "failure")]

@@ -82,7 +82,7 @@ def test_a_failure_on_slice_1_is_the_root_cause_and_stops_slice_0_at_once():
 
 
 @pytest.mark.parametrize("slices, accelerator", [
-    (2, "tpu-v4-8"), (2, "tpu-v4-16"), (3, "tpu-v4-32"), (4, "tpu-v5litepod-16")])
+    (2, "tpu-v4-8"), (2, "tpu-v4-16"), (3, "tpu-v4-32"), (4, "tpu-v5litepod-8")])
 def test_what_jax_derives_from_our_variables_is_what_we_pass(monkeypatch, slices, accelerator):
     """JAX's own Cloud TPU cluster code, on each host's variables and a
     metadata stand-in of its slice, derives the process id, count and
