@@ -73,6 +73,12 @@ print(step(0))
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
         reply, out = _run_cell(kc, "print(step(0))")
         assert reply["status"] == "ok" and out.endswith("0\n"), out
+        # A silent phase over a second: the status line, in the cell's stderr.
+        reply, out = _run_cell(kc, "print(remote_tpu.run(accelerator='tpu-v4-16', "
+                                   f"hosts={agents.addresses[0]!r}, token={agents.token!r}, "
+                                   "init_jax=False)(time.sleep)(2.5))")
+        assert reply["status"] == "ok" and "remote_tpu: 2 processes started; no output yet" \
+            in out and "None\n" in out, out
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
