@@ -63,6 +63,9 @@ class Pythons:
         self.known = [os.path.abspath(p) for p in known]
         self.downloads = downloads
         self._versions: dict[str, str] = {}
+        # What base() found, per (version, cloudpickle, simulate): found once,
+        # not probed again by every job (each probe is a process of its own).
+        self._bases: dict[tuple[str, str, bool], tuple[str, list[str]]] = {}
         self._lock = threading.Lock()
 
     def wanted(self, versions: pb.Versions) -> tuple[str, str] | None:
@@ -126,10 +129,18 @@ class Pythons:
         want = self.wanted(versions)
         if want is None:
             return None
-        version, cloudpickle = want
+        found = self._bases.get((*want, simulate))
+        if found is not None and os.path.exists(found[0]):
+            return found
+        found = self._base(*want, versions.jax, simulate, say)
+        self._bases[(*want, simulate)] = found
+        return found
+
+    def _base(self, version: str, cloudpickle: str, client_jax: str, simulate: bool,
+              say: Callable[[str], None]) -> tuple[str, list[str]]:
         python = self.interpreter(version)
         # The host's jax release (it matches its libtpu), else the client's.
-        jax = str(local_versions()["jax"]) or versions.jax
+        jax = str(local_versions()["jax"]) or client_jax
         probe = _probe(python)
         if probe.get("cloudpickle") == cloudpickle and probe.get("xxhash") and \
                 (not jax or probe.get("jax") == jax):
