@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 import threading
 
 from remote_tpu._core.addresses import DEFAULT_AGENT_PORT, is_loopback, normalize_address
@@ -250,8 +249,8 @@ def _resolve_token(args: argparse.Namespace) -> str:
 
 
 def _default_state_dir(port: int) -> str:
-    if port == 0:        # an ephemeral agent: an ephemeral store
-        return tempfile.mkdtemp(prefix="remote-tpu-agent-")
+    if port == 0:        # an ephemeral agent: an ephemeral store (made, and removed, by it)
+        return ""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local",
                                                             "state")
     return os.path.join(base, "remote_tpu", f"agent-{port}")

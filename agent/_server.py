@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 
@@ -64,6 +65,8 @@ class AgentService(pb_grpc.AgentServicer):
         self.config = config
         self.address = advertise_address(config.host, config.advertise)   # host only
         self.port = config.port          # the bound port, once create_server has bound it
+        # No state dir given: an ephemeral agent's, removed when it stops.
+        self._own_state_dir = not config.state_dir
         self.state_dir = config.state_dir or tempfile.mkdtemp(prefix="remote-tpu-agent-")
         self.store = JobStore(self.state_dir, keep=config.keep_jobs,
                               max_log_bytes=config.max_log_bytes,
@@ -279,6 +282,8 @@ class AgentService(pb_grpc.AgentServicer):
         self.spares.stop()
         self.blobs.close()
         self.store.close()
+        if self._own_state_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
 def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:

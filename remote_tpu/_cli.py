@@ -37,7 +37,7 @@ def _local(args: argparse.Namespace) -> int:
     topology = Topology.parse(args.accelerator)
     s = get_local_slice(topology)
     print(f"local {topology.name}: {topology.hosts} agent(s) x {topology.devices_per_host} "
-          f"CPU device(s); logs in {s.log_dir}")
+          f"CPU device(s); logs in {s.log_dir} (removed when it stops)")
     print(f"REMOTE_TPU_HOSTS={','.join(s.addresses)}", flush=True)
     print(f"REMOTE_TPU_TOKEN={s.credentials.token}", flush=True)
     print("Ctrl-C stops the slice.", flush=True)

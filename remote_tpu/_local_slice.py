@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -86,7 +87,7 @@ class LocalSlice:
         reader.join(max(0.0, deadline - time.monotonic()))
         line = result[0] if result else ""
         if not line.startswith(_READY_PREFIX):
-            self.stop()
+            self.stop(keep_files=True)          # its log is named below
             log_path = os.path.join(self.log_dir, f"agent-{i}.log")
             try:
                 with open(log_path, errors="replace") as f:
@@ -101,7 +102,9 @@ class LocalSlice:
     def alive(self) -> bool:
         return bool(self.procs) and all(p.poll() is None for p in self.procs)
 
-    def stop(self) -> None:
+    def stop(self, keep_files: bool = False) -> None:
+        """Stop the agents, and remove their logs and state (job records, kept
+        results: a 1 GiB result is 1 GiB on disk) unless ``keep_files``."""
         for proc in self.procs:
             try:
                 if proc.stdin:
@@ -117,6 +120,8 @@ class LocalSlice:
             if proc.stdout:
                 proc.stdout.close()
         self.procs = []
+        if not keep_files:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 _slices: dict[tuple[int, int, int], LocalSlice] = {}

@@ -359,3 +359,18 @@ def test_several_processes_per_host(capfd):
     assert sorted(out.splitlines()) == [f"[process {i}] ok" for i in range(4)]
     with pytest.raises(remote_tpu.ConfigurationError, match="use one of 1, 2, 4"):
         remote_tpu.run(accelerator="tpu-v4-16", hosts="local", processes_per_host=3)
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_local_slice_leaves_no_files():
+    """Its agents' logs, job records and kept results go with it (a 1 GiB
+    result is 1 GiB on disk: a notebook day of them filled a disk)."""
+    from remote_tpu._local_slice import LocalSlice
+
+    s = LocalSlice(hosts=1, devices_per_host=1)
+    s.start()
+    try:
+        assert os.path.isdir(s.log_dir)
+    finally:
+        s.stop()
+    assert not os.path.exists(s.log_dir)
