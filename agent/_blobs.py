@@ -2,7 +2,9 @@
 
 A call's large buffers (a big array's bytes) travel apart from the rest of its
 payload (``JobSpec.blobs``). The client asks the gateway which it holds
-(``HaveBlobs``) and sends only the others (``PutBlob``); the gateway passes each
+(``HaveBlobs``) and sends only the others: over the gateway's data port
+(``OpenBlob``, then plain TCP: ``_data_port``), or with ``PutBlob`` where it
+cannot reach it or TLS is on. The gateway passes each
 chunk on to the slice's other agents as it arrives (cut-through, as a tree:
 each agent sends to at most ``FAN_OUT`` others, which forward to the rest), so
 no agent waits for a whole buffer before passing it on, and the gateway sends
@@ -24,29 +26,25 @@ arrays unpickled from them use the page cache's pages, and stay writable).
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import errno
+import itertools
 import logging
 import os
-import queue
 import shutil
+import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-import grpc
-
-from remote_tpu._core import digests
-from remote_tpu._core.channels import Credentials, stub
-from remote_tpu._core.limits import CHUNK_SIZE, upload_deadline
+from remote_tpu._core import data_wire, digests
+from remote_tpu._core.channels import Credentials
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
+from ._blob_sends import Onward
 from ._cache_dir import OWNER_FILE, sweep_orphans
 
 log = logging.getLogger(__name__)
 
-FAN_OUT = 4            # agents each agent passes a buffer on to
-_QUEUED_CHUNKS = 16    # per onward agent: a slow one holds back the upload, not memory
 
 
 class CacheFull(Exception):
@@ -157,18 +155,38 @@ class BlobCache:
 
     def receive(self, chunks: Iterator[pb.BlobChunk], credentials: Credentials,
                 slice_peers: Callable[[], list[str]]) -> pb.BlobStored:
-        """Store the buffer ``chunks`` bring, passing each chunk on to the
-        agents its first message names (or this slice's others) as it arrives;
-        why it could not be stored here, and where it could not be passed on."""
+        """PutBlob: store the buffer ``chunks`` bring (see ``take``)."""
         first = next(chunks, None)
-        if first is None or not first.HasField("blob") or len(first.blob.digest) != digests.SIZE:
+        if first is None or not first.HasField("blob"):
             raise ValueError("PutBlob must start with the buffer's digest and size")
-        ref = first.blob
-        onward = _Onward(ref, list(first.forward_to) or (
-            slice_peers() if first.to_slice else []), credentials)
+        check_ref(first.blob)
+        pieces = itertools.chain([first.data], (chunk.data for chunk in chunks))
+        return self.take(first, pieces, credentials, slice_peers)
+
+    def receive_raw(self, sock: socket.socket, request: pb.BlobChunk,
+                    credentials: Credentials, slice_peers: Callable[[], list[str]]) -> bytes:
+        """The data port: store the buffer ``request`` (OpenBlob) named, its
+        bytes read from ``sock``; the reply to send."""
+        incoming = data_wire.Incoming(sock, request.blob.size,
+                                      reuse=not (request.forward_to or request.to_slice))
+        stored = self.take(request, iter(incoming), credentials, slice_peers)
+        if stored.refused:
+            incoming.drain()             # so that the sender reads why, not a reset
+        return stored.SerializeToString()
+
+    def take(self, request: pb.BlobChunk, pieces: Iterator[bytes | bytearray],
+             credentials: Credentials, slice_peers: Callable[[], list[str]]
+             ) -> pb.BlobStored:
+        """Store the buffer ``request.blob`` whose bytes ``pieces`` bring,
+        passing each piece on to the agents it names (or this slice's others)
+        as it arrives; why it could not be stored here, and where it could not
+        be passed on."""
+        ref = request.blob
+        onward = Onward(ref, list(request.forward_to) or (
+            slice_peers() if request.to_slice else []), credentials)
         refused = ""
         try:
-            self._store(ref, first.data, chunks, onward)
+            self._store(ref, pieces, onward)
         except (CacheFull, ValueError, OSError) as exc:
             refused = str(exc)
             if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -180,17 +198,17 @@ class BlobCache:
             raise
         return pb.BlobStored(refused=refused, onward_failed=onward.finish())
 
-    def _store(self, ref: pb.BlobRef, data: bytes, chunks: Iterator[pb.BlobChunk],
-               onward: _Onward) -> None:
+    def _store(self, ref: pb.BlobRef, pieces: Iterator[bytes | bytearray],
+               onward: Onward) -> None:
         if self.has(ref):                      # already here: only pass it on
-            self._pass_on(ref, data, chunks, onward, None)
+            self._pass_on(ref, pieces, onward, None)
             return
         self._reserve(ref.size)
         tmp = ""
         try:
             fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".incoming-")
             with os.fdopen(fd, "wb") as f:
-                self._pass_on(ref, data, chunks, onward, f)
+                self._pass_on(ref, pieces, onward, f)
             self._add(ref, tmp)
         except BaseException:
             self._release(ref.size)
@@ -201,158 +219,30 @@ class BlobCache:
                     pass
             raise
 
-    def _pass_on(self, ref: pb.BlobRef, data: bytes, chunks: Iterator[pb.BlobChunk],
-                 onward: _Onward, f) -> None:
+    def _pass_on(self, ref: pb.BlobRef, pieces: Iterator[bytes | bytearray],
+                 onward: Onward, f) -> None:
         digest = digests.new()
         received = 0
-        while True:
-            if data:
-                received += len(data)
-                if received > ref.size:
-                    raise ValueError(f"more than the announced {ref.size:,} bytes")
-                onward.put(data)
-                if f is not None:
-                    f.write(data)
-                digest.update(data)
+        for data in pieces:
+            if not data:
+                continue
+            received += len(data)
+            if received > ref.size:
+                raise ValueError(f"more than the announced {ref.size:,} bytes")
+            onward.put(data)
+            if f is not None:
+                f.write(data)
+            digest.update(data)
             if received == ref.size:
                 break
-            chunk = next(chunks, None)
-            if chunk is None:
-                raise ValueError(f"the buffer ended after {received:,} of {ref.size:,} bytes")
-            data = chunk.data
+        if received != ref.size:
+            raise ValueError(f"the buffer ended after {received:,} of {ref.size:,} bytes")
         if digest.digest() != ref.digest:
             raise ValueError(f"the buffer does not match its {digests.NAME} digest: it was "
                              "corrupted on the way")
 
 
-class _Onward:
-    """The agents a buffer is passed on to: groups of ``forward_to``, each
-    sent the chunks by its own thread (so one slow agent does not stall the
-    others), the first of each group asked to forward to the rest of it."""
-
-    def __init__(self, ref: pb.BlobRef, addresses: list[str], credentials: Credentials) -> None:
-        self._ref = ref
-        self._credentials = credentials
-        groups = [addresses[i::FAN_OUT] for i in range(min(FAN_OUT, len(addresses)))]
-        self._sends = [_Send(group[0], group[1:], ref, credentials) for group in groups]
-
-    def put(self, data: bytes) -> None:
-        for send in self._sends:
-            send.put(data)
-
-    def abort(self) -> None:
-        for send in self._sends:
-            send.abort()
-
-    def finish(self) -> list[str]:
-        failed = []
-        for send in self._sends:
-            failed.extend(send.finish())
-        return failed
-
-
-class _Send:
-    def __init__(self, address: str, rest: list[str], ref: pb.BlobRef,
-                 credentials: Credentials) -> None:
-        self.address = address
-        self._rest = rest
-        self._ref = ref
-        self._credentials = credentials
-        self._chunks: queue.Queue = queue.Queue(_QUEUED_CHUNKS)
-        self._dead = threading.Event()
-        self._reply: pb.BlobStored | None = None
-        self._error = ""
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"blob-to-{address}")
-        self._thread.start()
-
-    def _requests(self) -> Iterator[pb.BlobChunk]:
-        yield pb.BlobChunk(blob=self._ref, forward_to=self._rest)
-        while not self._dead.is_set():     # (an agent that refused early reads no more)
-            try:
-                data = self._chunks.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if data is None:
-                return
-            yield pb.BlobChunk(data=data)
-
-    def _run(self) -> None:
-        try:
-            self._reply = stub(self.address, self._credentials).PutBlob(
-                self._requests(), metadata=self._credentials.metadata,
-                timeout=upload_deadline(self._ref.size))
-        except grpc.RpcError as exc:
-            self._error = f"{exc.code().name}: {exc.details()}"
-        except Exception as exc:  # noqa: BLE001 - a bad address, say: reported, not lost
-            self._error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self._dead.set()
-
-    @property
-    def dead(self) -> bool:
-        """The call is over (refused, failed or done): it takes no more."""
-        return self._dead.is_set()
-
-    def put(self, data: bytes | None) -> None:
-        while not self._dead.is_set():
-            try:
-                self._chunks.put(data, timeout=0.5)
-                return
-            except queue.Full:
-                continue
-
-    def abort(self) -> None:
-        self._error = self._error or "the upload was abandoned"
-        self.put(None)            # ends the stream short: the agent there refuses it
-
-    def finish(self) -> list[str]:
-        self.put(None)
-        self._thread.join()
-        if self._reply is not None:
-            return _failures(self.address, self._reply)
-        return [f"{self.address}: {self._error}"] + [
-            f"{a}: not reached ({self.address} failed)" for a in self._rest]
-
-
-def _failures(address: str, reply: pb.BlobStored) -> list[str]:
-    return ([f"{address}: {reply.refused}"] if reply.refused else []) + \
-        list(reply.onward_failed)
-
-
-def send_file(address: str, ref: pb.BlobRef, path: str, credentials: Credentials
-              ) -> list[str]:
-    """Send one cached buffer (its file) to the agent at ``address``; what failed."""
-    send = _Send(address, [], ref, credentials)
-    with open(path, "rb") as f:
-        while not send.dead and (chunk := f.read(CHUNK_SIZE)):
-            send.put(chunk)
-    return send.finish()
-
-
-def ensure_on(addresses: Sequence[str], refs: Sequence[pb.BlobRef], cache: BlobCache,
-              credentials: Credentials) -> dict[str, str]:
-    """Before a job starts on these agents: each holds every buffer of it
-    (those it lacks, evicted or never passed on, are sent from this agent's
-    cache, all agents at once). What could not be done, by address."""
-    if not refs or not addresses:
-        return {}
-
-    def one(address: str) -> str:
-        try:
-            present = stub(address, credentials).HaveBlobs(
-                pb.BlobQuery(blobs=refs), timeout=30, metadata=credentials.metadata).present
-        except grpc.RpcError as exc:
-            return f"could not ask for the call's buffers: {exc.code().name}: {exc.details()}"
-        for ref, there in zip(refs, present):
-            if there:
-                continue
-            failed = send_file(address, ref, cache.path(ref.digest), credentials)
-            if failed:
-                return f"could not receive the call's arguments: {'; '.join(failed)}"
-        return ""
-
-    unique = list(dict.fromkeys(addresses))
-    with concurrent.futures.ThreadPoolExecutor(len(unique)) as pool:
-        problems = dict(zip(unique, pool.map(one, unique)))
-    return {address: why for address, why in problems.items() if why}
+def check_ref(ref: pb.BlobRef) -> None:
+    if len(ref.digest) != digests.SIZE:
+        raise ValueError(f"a buffer is named by its {digests.SIZE}-byte {digests.NAME} "
+                         f"digest, not by {len(ref.digest)} bytes")

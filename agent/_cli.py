@@ -116,6 +116,12 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-interval", type=float, default=30.0,
                    help="seconds between uploads of a running job's output_dir= files to "
                         "GCS (also uploaded as each process ends; default 30)")
+    p.add_argument("--data-port", type=int, default=0,
+                   help="the port for bulk bytes (large arguments, between agents and "
+                        "from clients that reach it), beside the gRPC port: plain TCP, "
+                        "each transfer let in by a ticket from a token-checked call; "
+                        "never opened with TLS (gRPC carries them then). 0 = any free "
+                        "port (default); -1 = none (gRPC carries them)")
     p.add_argument("--cache-dir", default="",
                    help="where the argument cache lives (default: in memory, under "
                         "/dev/shm, where this host has it; else in --state-dir)")
@@ -295,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"{args.output_interval}")
     if args.cache_bytes < 0:
         parser.error(f"--cache-bytes must be >= 0, got {args.cache_bytes}")
+    if not -1 <= args.data_port <= 65535:
+        parser.error(f"--data-port must be a port (0 = any free one, -1 = none), got "
+                     f"{args.data_port}")
     for flag in ("keep_jobs", "max_streams"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, got "
@@ -335,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         max_payload_bytes=args.max_payload_bytes, max_streams=args.max_streams,
         max_log_bytes=args.max_log_bytes, max_store_bytes=args.max_store_bytes,
         spare_workers=args.spare_workers, cache_bytes=args.cache_bytes,
-        cache_dir=args.cache_dir, output_interval=args.output_interval,
+        cache_dir=args.cache_dir, data_port=args.data_port, output_interval=args.output_interval,
         pythons=tuple(args.python), python_downloads=not args.no_python_downloads)
     try:
         server, port, service = create_server(config)

@@ -41,6 +41,7 @@ class AgentConfig:
     spare_workers: int = 1              # started ahead of their job (see _spares)
     cache_bytes: int = 8 << 30          # the argument cache (see _blobs)
     cache_dir: str = ""                 # "" = /dev/shm where there is one, else state_dir
+    data_port: int = 0                  # bulk bytes (see _data_port): 0 = any free, -1 = none
     output_interval: float = 30.0       # seconds between uploads of output_dir= files
     pythons: tuple[str, ...] = ()       # interpreters of other Python versions (_pythons)
     python_downloads: bool = True       # uv may install a Python a client needs

@@ -127,9 +127,11 @@ class GatewayRole:
                  pb.STREAM_MODE_NONE: []}.get(spec.stream, [0])
         try:
             yield from watch(record, hosts, [], follow=True, context=context, with_end=False)
-            yield from result_events(record)
+            yield from result_events(record, self._host.data_port
+                                     if spec.result_over_data_port else None)
         finally:
-            record.result_sent()
+            if not record.result_ticketed:     # else the ticket's transfer says so
+                record.result_sent()
 
     def _make_job(self, record: JobRecord, warm: WarmSession | None) -> GatewayJob:
         spec = record.spec

@@ -26,7 +26,8 @@ from remote_tpu._core.addresses import free_port, join_host_port
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.channels import Credentials
 
-from ._blobs import BlobCache, ensure_on
+from ._blob_sends import ensure_on
+from ._blobs import BlobCache
 from ._call import Call
 from ._events import EventQueue
 from ._warm import WarmSession, new_session_id, session_record
@@ -136,7 +137,7 @@ class GatewayJob:
         try:
             if self._blobs is not None:
                 self._blob_problems = ensure_on([r.address for r in self.remotes],
-                                                refs_of(self.spec), self._blobs,
+                                                refs_of(self.spec), self._blobs.path,
                                                 self._peer_credentials)
             refused = self._preflight()
             if refused:

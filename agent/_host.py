@@ -8,6 +8,7 @@ from collections.abc import Callable
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from ._blobs import BlobCache
+from ._data_port import DataPort
 from ._spares import Spares
 from ._store import JobStore
 from ._tpu import TpuGuard
@@ -36,3 +37,4 @@ class Host:
     envs: Envs
     output_interval: float = 30.0       # seconds between uploads of output_dir= files
     simulated: bool = False             # JAX on CPU (--simulate-devices): no jax[tpu]
+    data_port: DataPort | None = None   # bulk bytes beside gRPC (none with TLS)

@@ -50,6 +50,7 @@ class JobRecord:
         # been read from where it landed (in memory), not while it is read.
         self.attached = False
         self.result_read = threading.Event()
+        self.result_ticketed = False    # its caller fetches it over the data port (_job_views)
         # retries=: seconds until its next attempt, between two (``_attempts``).
         self.retry_in: float | None = None
         self.workers_started = 0        # this attempt's processes started (for followers)

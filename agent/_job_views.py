@@ -4,6 +4,8 @@ result, the list. Everything comes from the job store; nothing here runs jobs.""
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -12,6 +14,7 @@ from remote_tpu._core.limits import CHUNK_SIZE, LIST_REPLY_BYTES, cut_text
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from . import _worker
+from ._data_port import TICKET_SECONDS, DataPort
 from ._discovery import Slice
 from ._requests import abort, gateway_redirect, valid_job_id
 from ._store import JobRecord, JobStore
@@ -106,21 +109,61 @@ def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
             record.changed.wait_for(lambda: record.version != version, timeout=1.0)
 
 
-def result(record: JobRecord) -> Iterator[pb.Event]:
-    """A finished job's value (when it succeeded): its size, then its chunks;
-    then the final report."""
+def result(record: JobRecord, data_port: DataPort | None = None) -> Iterator[pb.Event]:
+    """A finished job's value (when it succeeded): its size, then its chunks,
+    or (a large one, to a caller that asked) a ticket to fetch it over
+    ``data_port``; then the final report."""
     if record.status.phase == pb.JOB_PHASE_SUCCEEDED:
         data = record.stored_result()      # small: in memory or its record; else a file
         if data is not None:
             yield pb.Event(host=0, result_size=len(data))
             for start in range(0, len(data), CHUNK_SIZE):
                 yield pb.Event(host=0, result_chunk=data[start:start + CHUNK_SIZE])
-        else:
+        elif data_port is not None:
             with _open_result(record) as f:
-                yield pb.Event(host=0, result_size=os.fstat(f.fileno()).st_size)
-                while chunk := f.read(CHUNK_SIZE):
-                    yield pb.Event(host=0, result_chunk=chunk)
+                size = os.fstat(f.fileno()).st_size
+            ticket = _result_ticket(record, data_port)
+            yield pb.Event(host=0, result_size=size)
+            if ticket is not None:
+                yield pb.Event(host=0, result_ticket=ticket)
+            else:
+                yield from _result_chunks(record)
+        else:
+            yield from _result_chunks(record, with_size=True)
     yield pb.Event(host=0, end=record.status.end)
+
+
+def _result_chunks(record: JobRecord, with_size: bool = False) -> Iterator[pb.Event]:
+    with _open_result(record) as f:
+        if with_size:
+            yield pb.Event(host=0, result_size=os.fstat(f.fileno()).st_size)
+        while chunk := f.read(CHUNK_SIZE):
+            yield pb.Event(host=0, result_chunk=chunk)
+
+
+def _result_ticket(record: JobRecord, data_port: DataPort) -> pb.DataTicket | None:
+    """A ticket for a large value's bytes (sent from its file by the kernel);
+    the value's move to the job's directory waits for that transfer (or for the
+    ticket to lapse)."""
+    def send(sock: socket.socket) -> bytes:
+        try:
+            with _open_result(record) as f:
+                sock.sendfile(f)
+            return b""
+        except OSError as exc:
+            return f"the value could not be sent: {exc}".encode()
+        finally:
+            record.result_ticketed = False
+            record.result_sent()
+
+    ticket = data_port.issue(send)
+    if ticket is None:
+        return None
+    record.result_ticketed = True
+    lapse = threading.Timer(TICKET_SECONDS + 5, record.result_sent)
+    lapse.daemon = True
+    lapse.start()
+    return pb.DataTicket(port=data_port.port, nonce=data_port.nonce, ticket=ticket)
 
 
 def _open_result(record: JobRecord):

@@ -40,7 +40,8 @@ from ._host import Host
 from ._job_views import JobViews, result, status_of, watch
 from ._outputs import output_env, own_files, slice_files
 from ._peer import PeerRole
-from ._blobs import BlobCache
+from ._blobs import BlobCache, check_ref
+from ._data_port import DataPort
 from ._cache_dir import default_dir
 from ._reports import bound_stacks
 from ._requests import Refused, abort, checked_spec, gateway_redirect, valid_job_id
@@ -79,6 +80,7 @@ class AgentService(pb_grpc.AgentServicer):
                              self.state_dir, config.spare_workers)
         self.blobs = BlobCache(config.cache_dir or default_dir(self.state_dir),
                                config.cache_bytes)
+        self.data_port = _data_port(config)
         host = Host(store=self.store, uploads=uploads, blobs=self.blobs, tpu=self.tpu,
                     spares=self.spares,
                     endpoint=lambda: self.endpoint, env_for=self._env_for,
@@ -88,7 +90,7 @@ class AgentService(pb_grpc.AgentServicer):
                         os.path.join(self.state_dir, "pythons"), config.pythons,
                         config.python_downloads)),
                     output_interval=config.output_interval,
-                    simulated=bool(config.simulate_devices))
+                    simulated=bool(config.simulate_devices), data_port=self.data_port)
         self.gateway = GatewayRole(config=config, host=host, advertise=self.address)
         self.scheduler = self.gateway.scheduler
         self.peer = PeerRole(host)
@@ -171,6 +173,28 @@ class AgentService(pb_grpc.AgentServicer):
         return pb.BlobPresence(present=[self.blobs.has(ref) for ref in request.blobs],
                                capacity=self.blobs.max_bytes)
 
+    def OpenBlob(self, request: pb.BlobChunk, context: grpc.ServicerContext
+                 ) -> pb.DataTicket:
+        if self.data_port is None:
+            return pb.DataTicket()
+        if not request.HasField("blob"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "OpenBlob names a buffer")
+        try:
+            check_ref(request.blob)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if request.blob.size > self.blobs.max_bytes:
+            return pb.DataTicket(refused=(
+                f"a buffer of {request.blob.size:,} bytes is larger than its whole argument "
+                f"cache (--cache-bytes {self.blobs.max_bytes:,})"))
+        credentials, peers = self.config.peer_credentials, self._slice_peers
+        ticket = self.data_port.issue(
+            lambda sock: self.blobs.receive_raw(sock, request, credentials, peers))
+        if ticket is None:
+            return pb.DataTicket()
+        return pb.DataTicket(port=self.data_port.port, nonce=self.data_port.nonce,
+                             ticket=ticket)
+
     def _slice_peers(self) -> list[str]:
         """Every other agent of this slice, as its discovery found them."""
         found = self.config.slice
@@ -208,7 +232,8 @@ class AgentService(pb_grpc.AgentServicer):
         if not record.finished:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"job {record.job_id} has not finished yet")
-        yield from self._in_slot(self.streams, context, result(record))
+        yield from self._in_slot(self.streams, context, result(
+            record, self.data_port if request.data_port else None))
 
     def OutputFiles(self, request: pb.OutputsRequest, context: grpc.ServicerContext
                     ) -> Iterator[pb.OutputChunk]:
@@ -280,10 +305,24 @@ class AgentService(pb_grpc.AgentServicer):
             self.scheduler.shutdown(f"the gateway agent at {self.endpoint} is shutting down")
         self.peer.stop_all()
         self.spares.stop()
+        if self.data_port is not None:
+            self.data_port.close()
         self.blobs.close()
         self.store.close()
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _data_port(config: AgentConfig) -> DataPort | None:
+    """Plain TCP has no TLS: an agent with TLS leaves bulk bytes to gRPC."""
+    if config.tls_cert or config.data_port < 0:
+        return None
+    try:
+        return DataPort(config.host, config.data_port)
+    except OSError as exc:
+        raise OSError(f"could not open the data port {config.host}:{config.data_port} "
+                      f"({exc}): choose another with --data-port, or none with "
+                      "--data-port -1") from exc
 
 
 def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:

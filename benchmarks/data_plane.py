@@ -73,9 +73,15 @@ def baseline(nbytes: int) -> float:
 
 
 RESULT = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, sys, time
     import remote_tpu
     accelerator, nbytes = sys.argv[1], int(sys.argv[2])
+
+    def peak_rss():
+        # This process's own peak (VmHWM): getrusage's ru_maxrss is kept across
+        # exec, so a child started by a process holding 2 GiB begins at 2 GiB.
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
 
     @remote_tpu.run(accelerator=accelerator, hosts="local", stream="none", keep_warm=600)
     def make(n, send=True):
@@ -88,11 +94,11 @@ RESULT = textwrap.dedent("""
 
     make(1)                                        # the slice is up, the client warmed
     make(nbytes, send=False)
-    start_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    start_rss = peak_rss()
     begin = time.perf_counter()
     value = make(nbytes)
     took = time.perf_counter() - begin
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     assert value.nbytes == nbytes and int(value[-1]) == 1
     begin = time.perf_counter()
     make(1)
@@ -124,13 +130,14 @@ def ours(accelerator: str, nbytes: int) -> dict:
     first, value = timed(big)
     assert value == (nbytes, 7), value
     again, _ = timed(big)
+    del big
+    from remote_tpu._local_slice import stop_local_slices
+    stop_local_slices()        # its agents (and their spare workers, starting again) idle
     proc = subprocess.run([sys.executable, "-c", RESULT, accelerator, str(nbytes)],
                           capture_output=True, text=True, timeout=1200)
     if proc.returncode != 0:
         raise SystemExit(f"the result run failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    from remote_tpu._local_slice import stop_local_slices
-    stop_local_slices()
     return {"tiny": tiny, "argument": first - tiny, "again": again - tiny,
             "result": result["took"] - result["tiny"], "peak": result["peak_above_start"]}
 

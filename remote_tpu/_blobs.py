@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from ._core import data_wire
 from ._core.limits import CHUNK_SIZE
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
@@ -35,6 +36,25 @@ def _chunks(ref: pb.BlobRef, blob: memoryview, target: Target,
         if progress is not None:
             progress(start)
         yield pb.BlobChunk(data=view[start:start + CHUNK_SIZE].tobytes())
+
+
+def _put(target: Target, ref: pb.BlobRef, blob: memoryview,
+         progress: Progress | None) -> pb.BlobStored:
+    """One buffer to the gateway: over its data port where this machine reaches
+    it (no copy of the buffer here), else with PutBlob."""
+    forward = list(target.hosts[1:])
+    request = pb.BlobChunk(blob=ref, forward_to=forward, to_slice=not forward)
+    try:
+        stored = data_wire.put_blob(target.stub(), target.gateway, target.credentials,
+                                    request, lambda sock: data_wire.send_view(
+                                        sock, blob, progress))
+    except ConnectionError:           # broke on the way: gRPC says why, or gets it there
+        stored = None
+    if stored is not None:
+        return stored
+    return target.stub().PutBlob(_chunks(ref, blob, target, progress),
+                                 timeout=upload_deadline(ref.size),
+                                 metadata=target.credentials.metadata)
 
 
 def send(target: Target, payload: Payload,
@@ -69,9 +89,7 @@ def send_buffers(target: Target, refs: list[pb.BlobRef],
         blob = memoryview(get())
         moved = None if progress is None else (
             lambda n, base=before: progress(base + n, total))
-        stored = target.call(lambda t: t.stub().PutBlob(
-            _chunks(ref, blob, t, moved), timeout=upload_deadline(ref.size),
-            metadata=t.credentials.metadata), retry=True)
+        stored = target.call(lambda t: _put(t, ref, blob, moved), retry=True)
         before += ref.size
         if stored.refused:
             return False

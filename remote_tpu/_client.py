@@ -126,6 +126,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         allow_jax_requirements=options.allow_jax_requirements,
         data=data, gcs_data=gcs, keep_going=options.keep_going,
         profile_seconds=options.profile,
+        result_over_data_port=target.credentials.tls is None,     # it has no TLS
     )
     retries = options.retries
     if retries is not None and submitted:       # its gateway tries it again (_attempts)
@@ -192,7 +193,9 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
     interrupted = False
     try:
         return outcome(stream, renderer, gateway=target.gateway, job_id=job_id,
-                       accelerator=options.topology.name, status=status)
+                       accelerator=options.topology.name, status=status,
+                       refetch=lambda: target.stub().Result(
+                           pb.JobRef(job_id=job_id), metadata=target.credentials.metadata))
     except KeyboardInterrupt:
         interrupted = True
         if options.keep_warm:

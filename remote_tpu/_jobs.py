@@ -200,9 +200,11 @@ class JobHandle:
                 f"{self._id} is a warm session's entry: it has no value of its own (each "
                 "call in it has its own job and value)")
         self.wait(timeout)
-        stream = self._stream("Result", pb.JobRef(job_id=self._id))
+        port = self._target.credentials.tls is None        # the data port has no TLS
+        stream = self._stream("Result", pb.JobRef(job_id=self._id, data_port=port))
         return outcome(stream, OutputRenderer("none"), gateway=self._target.gateway,
-                       job_id=self._id, accelerator=self._accelerator_name())
+                       job_id=self._id, accelerator=self._accelerator_name(),
+                       refetch=lambda: self._stream("Result", pb.JobRef(job_id=self._id)))
 
     def cancel(self) -> JobStatus:
         """Stop the job on every host (a queued job simply leaves the queue)."""

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import mmap
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
 
-from ._core import digests
+from ._core import data_wire, digests
 from ._core.channels import error_from_rpc
 from ._core.exceptions import (AgentUnavailableError, JobFailedError, JobTimeoutError,
                                RemoteError, RemoteTraceback, SerializationError)
+from ._core.limits import CHUNK_SIZE
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import loads
 from ._core.remote_exceptions import rebuild_exception
@@ -105,6 +106,11 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str,
         f"{_last_lines(root)}", host=h, hosts=end.hosts)
 
 
+# Its pages made at once (MAP_POPULATE, Linux): 1 GiB received in 0.67 s of
+# kernel time instead of 1.0-1.1 s, page by page as bytes arrive.
+_MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+
+
 class _Value:
     """Process 0's pickled value, put together as its chunks arrive: in one
     buffer of the size the gateway announces first (a large one mapped private
@@ -123,7 +129,7 @@ class _Value:
     def sized(self, size: int, job_id: str = "") -> None:
         self._size, self._pos = size, 0
         try:
-            self._buffer = (mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self._buffer = (mmap.mmap(-1, size, flags=_MAP_FLAGS)
                             if size >= self.MAPPED else bytearray(size))
         except (OSError, MemoryError, OverflowError) as exc:
             raise SerializationError(
@@ -144,6 +150,39 @@ class _Value:
         self._buffer[self._pos:end] = chunk
         self._pos = end
 
+    def fetch(self, gateway: str, ticket: pb.DataTicket, job_id: str) -> bool:
+        """The value's bytes over the gateway's data port (``ticket``), into
+        its buffer; False (nothing taken) where that port cannot be reached,
+        or the transfer broke: it is then asked for again over gRPC."""
+        if self._buffer is None:
+            return False
+        try:
+            sock = data_wire.connect(gateway, ticket.port, ticket.nonce)
+        except data_wire.Unreachable:
+            return False
+        view = memoryview(self._buffer)
+        try:
+            with sock:
+                sock.sendall(ticket.ticket)
+                while self._pos < self._size:
+                    got = sock.recv_into(view[self._pos:], min(self._size - self._pos,
+                                                               CHUNK_SIZE))
+                    if not got:
+                        break
+                    self._pos += got
+                trouble = data_wire.read_reply(sock) if self._pos == self._size else b""
+        except OSError:
+            self._pos = 0
+            return False
+        if self._pos != self._size:
+            self._pos = 0
+            return False
+        if trouble:
+            raise SerializationError(f"the return value of job {job_id}: "
+                                     f"{trouble.decode(errors='replace')}")
+        self.digest.update(view)
+        return True
+
     def data(self, job_id: str) -> bytes | memoryview:
         if self._buffer is None:
             data, self._chunks = b"".join(self._chunks), []
@@ -156,11 +195,14 @@ class _Value:
 
 
 def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
-            accelerator: str, status: LiveStatus | None = None) -> Any:
+            accelerator: str, status: LiveStatus | None = None,
+            refetch: Callable[[], Any] | None = None) -> Any:
     """Consume a Run or Result stream: show output, then return the value or
-    raise what the caller should see."""
+    raise what the caller should see. ``refetch()``: a Result stream without
+    the data port, for a value whose ticket could not be used."""
     value = _Value()
     end: pb.JobEnd | None = None
+    missed = False        # a ticket for the value that could not be used
     try:
         for event in stream:
             kind = event.WhichOneof("kind")
@@ -174,6 +216,8 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
                 value.sized(event.result_size, job_id)
             elif kind == "result_chunk":
                 value.add(event.result_chunk, job_id)
+            elif kind == "result_ticket":
+                missed = not value.fetch(gateway, event.result_ticket, job_id)
             elif kind == "end":
                 end = event.end
             elif kind == "queued":
@@ -211,6 +255,9 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
         except (AttributeError, TypeError):
             pass
         raise
+    if missed and refetch is not None:
+        return outcome(refetch(), OutputRenderer("none", renderer.label), gateway=gateway,
+                       job_id=job_id, accelerator=accelerator)
     data = value.data(job_id)
     if value.digest.digest() != end.result_digest:
         raise SerializationError(f"the return value of job {job_id} arrived corrupted (its "

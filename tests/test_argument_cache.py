@@ -29,16 +29,34 @@ def pair():
     agents.stop()
 
 
+@pytest.fixture(scope="module")
+def pair_without_data_ports():
+    agents = Agents(2, devices=2, extra=["--spare-workers", "0", "--data-port", "-1"])
+    yield agents
+    agents.stop()
+
+
+class Sends(list):
+    """The sizes of the buffers this client sent, and how many of them went
+    over the gateway's data port (the others by PutBlob)."""
+    over_data_port = 0
+
+
 @pytest.fixture
 def sends(monkeypatch):
-    """How many buffers this client sends (PutBlob calls), counted."""
-    count = []
-    real = _blobs._chunks
+    count = Sends()
+    real_put, real_port = _blobs._put, _blobs.data_wire.put_blob
 
-    def counted(ref, blob, target, progress=None):
+    def counted(target, ref, blob, progress=None):
         count.append(ref.size)
-        return real(ref, blob, target, progress)
-    monkeypatch.setattr(_blobs, "_chunks", counted)
+        return real_put(target, ref, blob, progress)
+
+    def port(*args):
+        stored = real_port(*args)
+        count.over_data_port += stored is not None
+        return stored
+    monkeypatch.setattr(_blobs, "_put", counted)
+    monkeypatch.setattr(_blobs.data_wire, "put_blob", port)
     return count
 
 
@@ -65,11 +83,15 @@ def _blob_files(agents, i: int) -> list[str]:
 
 @pytest.mark.parametrize("nbytes", [0, 1, _blobs.BLOB_MIN - 1, _blobs.BLOB_MIN,
                                     _blobs.BLOB_MIN + 1, 2 * CHUNK_SIZE, 3 * CHUNK_SIZE + 7])
-def test_every_size_arrives_intact_on_every_host(pair, sends, nbytes):
+@pytest.mark.parametrize("via", ["data port", "gRPC"])
+def test_every_size_arrives_intact_on_every_host(request, sends, nbytes, via):
+    agents = request.getfixturevalue("pair" if via == "data port" else
+                                     "pair_without_data_ports")
     array = np.random.default_rng(nbytes).integers(0, 255, nbytes, dtype=np.uint8)
     expected = _checksums(array)
-    assert _everywhere(pair)(array, expected) == expected
+    assert _everywhere(agents)(array, expected) == expected
     assert len(sends) == (1 if nbytes >= _blobs.BLOB_MIN else 0)
+    assert sends.over_data_port == (len(sends) if via == "data port" else 0)
 
 
 def test_a_repeated_argument_is_sent_once_and_reaches_every_host(pair, sends):
@@ -338,7 +360,8 @@ def test_a_peer_lacking_a_buffer_is_sent_it_from_the_gateways_cache(pair, tmp_pa
     from remote_tpu._core import digests
     from remote_tpu._core.channels import Credentials, stub
     from remote_tpu._core.proto import remote_tpu_pb2 as pb
-    from remote_tpu_agent._blobs import BlobCache, ensure_on
+    from remote_tpu_agent._blob_sends import ensure_on
+    from remote_tpu_agent._blobs import BlobCache
 
     data = os.urandom(3 * CHUNK_SIZE + 5)
     ref = pb.BlobRef(digest=digests.of(data), size=len(data))
@@ -349,7 +372,7 @@ def test_a_peer_lacking_a_buffer_is_sent_it_from_the_gateways_cache(pair, tmp_pa
     ask = lambda: list(stub(peer, credentials).HaveBlobs(     # noqa: E731
         pb.BlobQuery(blobs=[ref]), timeout=10, metadata=credentials.metadata).present)
     assert ask() == [False]
-    assert ensure_on([peer], [ref], cache, credentials) == {}
+    assert ensure_on([peer], [ref], cache.path, credentials) == {}
     assert ask() == [True]
-    assert ensure_on([peer], [ref], cache, credentials) == {}    # there now: nothing sent
+    assert ensure_on([peer], [ref], cache.path, credentials) == {}    # there now: nothing sent
     cache.close()

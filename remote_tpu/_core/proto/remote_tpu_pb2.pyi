@@ -144,6 +144,18 @@ class BlobStored(_message.Message):
     onward_failed: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, refused: _Optional[str] = ..., onward_failed: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class DataTicket(_message.Message):
+    __slots__ = ("port", "nonce", "ticket", "refused")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    nonce: bytes
+    ticket: bytes
+    refused: str
+    def __init__(self, port: _Optional[int] = ..., nonce: _Optional[bytes] = ..., ticket: _Optional[bytes] = ..., refused: _Optional[str] = ...) -> None: ...
+
 class ReleaseRequest(_message.Message):
     __slots__ = ("client_id",)
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -199,10 +211,12 @@ class DoctorReply(_message.Message):
     def __init__(self, hosts: _Optional[_Iterable[_Union[HostHealth, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[Probe, _Mapping]]] = ...) -> None: ...
 
 class JobRef(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "data_port")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    data_port: bool
+    def __init__(self, job_id: _Optional[str] = ..., data_port: _Optional[bool] = ...) -> None: ...
 
 class JobStatus(_message.Message):
     __slots__ = ("job_id", "phase", "accelerator", "num_hosts", "created_at", "started_at", "ended_at", "detail", "queued_behind", "queue_position", "existed", "end", "warm_until", "attempts", "num_slices")
@@ -333,7 +347,7 @@ class JaxTimeouts(_message.Message):
     def __init__(self, initialization_seconds: _Optional[int] = ..., heartbeat_seconds: _Optional[int] = ..., shutdown_seconds: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_digest", "processes_per_host", "keep_warm_seconds", "client_id", "payload", "skip_jax_init", "blobs", "working_dir", "output_dir", "collect_outputs", "data", "gcs_data", "requirements", "allow_jax_requirements", "num_slices", "retries", "attempt", "earlier_attempts", "keep_going", "profile_seconds")
+    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_digest", "processes_per_host", "keep_warm_seconds", "client_id", "payload", "skip_jax_init", "blobs", "working_dir", "output_dir", "collect_outputs", "data", "gcs_data", "requirements", "allow_jax_requirements", "num_slices", "retries", "attempt", "earlier_attempts", "keep_going", "profile_seconds", "result_over_data_port")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -375,6 +389,7 @@ class JobSpec(_message.Message):
     EARLIER_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     KEEP_GOING_FIELD_NUMBER: _ClassVar[int]
     PROFILE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_OVER_DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     client_versions: Versions
     job_id: str
     accelerator: str
@@ -409,7 +424,8 @@ class JobSpec(_message.Message):
     earlier_attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
     keep_going: bool
     profile_seconds: float
-    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_digest: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., skip_jax_init: _Optional[bool] = ..., blobs: _Optional[_Iterable[_Union[BlobRef, _Mapping]]] = ..., working_dir: _Optional[_Union[WorkingDir, _Mapping]] = ..., output_dir: _Optional[str] = ..., collect_outputs: _Optional[bool] = ..., data: _Optional[_Iterable[_Union[WorkingDir, _Mapping]]] = ..., gcs_data: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[str]] = ..., allow_jax_requirements: _Optional[bool] = ..., num_slices: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., attempt: _Optional[int] = ..., earlier_attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., keep_going: _Optional[bool] = ..., profile_seconds: _Optional[float] = ...) -> None: ...
+    result_over_data_port: bool
+    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_digest: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., skip_jax_init: _Optional[bool] = ..., blobs: _Optional[_Iterable[_Union[BlobRef, _Mapping]]] = ..., working_dir: _Optional[_Union[WorkingDir, _Mapping]] = ..., output_dir: _Optional[str] = ..., collect_outputs: _Optional[bool] = ..., data: _Optional[_Iterable[_Union[WorkingDir, _Mapping]]] = ..., gcs_data: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[str]] = ..., allow_jax_requirements: _Optional[bool] = ..., num_slices: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., attempt: _Optional[int] = ..., earlier_attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., keep_going: _Optional[bool] = ..., profile_seconds: _Optional[float] = ..., result_over_data_port: _Optional[bool] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("preemptions", "failures", "backoff_seconds", "backoff_max_seconds")
@@ -562,7 +578,7 @@ class Started(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("host", "started", "output", "done", "exited", "result_chunk", "end", "queued", "result_size", "workers_started")
+    __slots__ = ("host", "started", "output", "done", "exited", "result_chunk", "end", "queued", "result_size", "workers_started", "result_ticket")
     HOST_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
@@ -573,6 +589,7 @@ class Event(_message.Message):
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     RESULT_SIZE_FIELD_NUMBER: _ClassVar[int]
     WORKERS_STARTED_FIELD_NUMBER: _ClassVar[int]
+    RESULT_TICKET_FIELD_NUMBER: _ClassVar[int]
     host: int
     started: Started
     output: Output
@@ -583,7 +600,8 @@ class Event(_message.Message):
     queued: JobStatus
     result_size: int
     workers_started: int
-    def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., queued: _Optional[_Union[JobStatus, _Mapping]] = ..., result_size: _Optional[int] = ..., workers_started: _Optional[int] = ...) -> None: ...
+    result_ticket: DataTicket
+    def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., queued: _Optional[_Union[JobStatus, _Mapping]] = ..., result_size: _Optional[int] = ..., workers_started: _Optional[int] = ..., result_ticket: _Optional[_Union[DataTicket, _Mapping]] = ...) -> None: ...
 
 class OutputsRequest(_message.Message):
     __slots__ = ("job_id", "this_host")

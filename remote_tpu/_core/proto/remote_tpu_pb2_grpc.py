@@ -101,6 +101,11 @@ class AgentStub:
                 request_serializer=remote__tpu__pb2.BlobChunk.SerializeToString,
                 response_deserializer=remote__tpu__pb2.BlobStored.FromString,
                 _registered_method=True)
+        self.OpenBlob = channel.unary_unary(
+                '/remote_tpu.v1.Agent/OpenBlob',
+                request_serializer=remote__tpu__pb2.BlobChunk.SerializeToString,
+                response_deserializer=remote__tpu__pb2.DataTicket.FromString,
+                _registered_method=True)
         self.OutputFiles = channel.unary_stream(
                 '/remote_tpu.v1.Agent/OutputFiles',
                 request_serializer=remote__tpu__pb2.OutputsRequest.SerializeToString,
@@ -210,6 +215,15 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenBlob(self, request, context):
+        """The same over this agent's data port (a plain TCP connection: far cheaper
+        than gRPC for bulk bytes): a BlobChunk with `blob` (and `forward_to` or
+        `to_slice`) and no data; the ticket to send its bytes with.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def OutputFiles(self, request, context):
         """output_dir= a directory on the client: the job's output files, from every
         host (a gateway asks its peers; with this_host, only this agent's own).
@@ -285,6 +299,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.PutBlob,
                     request_deserializer=remote__tpu__pb2.BlobChunk.FromString,
                     response_serializer=remote__tpu__pb2.BlobStored.SerializeToString,
+            ),
+            'OpenBlob': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenBlob,
+                    request_deserializer=remote__tpu__pb2.BlobChunk.FromString,
+                    response_serializer=remote__tpu__pb2.DataTicket.SerializeToString,
             ),
             'OutputFiles': grpc.unary_stream_rpc_method_handler(
                     servicer.OutputFiles,
@@ -645,6 +664,33 @@ class Agent:
             '/remote_tpu.v1.Agent/PutBlob',
             remote__tpu__pb2.BlobChunk.SerializeToString,
             remote__tpu__pb2.BlobStored.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenBlob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/OpenBlob',
+            remote__tpu__pb2.BlobChunk.SerializeToString,
+            remote__tpu__pb2.DataTicket.FromString,
             options,
             channel_credentials,
             insecure,

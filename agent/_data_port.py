@@ -1,0 +1,104 @@
+"""This agent's data port: bulk bytes on plain TCP connections, each let in by
+a one-use ticket handed out over gRPC (where the token was checked). The
+protocol is in ``remote_tpu/_core/data_wire.py``.
+
+A connection that brings no known ticket within a few seconds is closed; at
+most ``MAX_CONNECTIONS`` are served at once and ``MAX_TICKETS`` wait, each for
+``TICKET_SECONDS``: beyond them a sender is told to use gRPC.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from remote_tpu._core import data_wire
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 64
+MAX_TICKETS = 1024
+TICKET_SECONDS = 60.0
+_HELLO_SECONDS = 10.0
+
+Handler = Callable[[socket.socket], bytes]     # serves one connection: its reply
+
+
+class DataPort:
+    def __init__(self, host: str, port: int = 0) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        dual = host in ("::", "") and socket.has_dualstack_ipv6()
+        self._listener = socket.create_server((host or "::", port), family=family,
+                                              dualstack_ipv6=dual, backlog=128)
+        self.port = self._listener.getsockname()[1]
+        self.nonce = os.urandom(data_wire.NONCE_SIZE)
+        self._lock = threading.Lock()
+        self._tickets: dict[bytes, tuple[float, Handler]] = {}
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True, name="data-port").start()
+
+    def close(self) -> None:
+        self._closed = True
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+
+    def issue(self, handler: Handler) -> bytes | None:
+        """A ticket for one connection, which ``handler`` serves; None when too
+        many wait already (the sender then uses gRPC)."""
+        now = time.monotonic()
+        with self._lock:
+            for key in [k for k, (expiry, _) in self._tickets.items() if expiry < now]:
+                del self._tickets[key]
+            if len(self._tickets) >= MAX_TICKETS:
+                return None
+            ticket = os.urandom(data_wire.TICKET_SIZE)
+            self._tickets[ticket] = (now + TICKET_SECONDS, handler)
+            return ticket
+
+    def _take(self, ticket: bytes) -> Handler | None:
+        with self._lock:
+            entry = self._tickets.pop(ticket, None)
+        if entry is None or entry[0] < time.monotonic():
+            return None
+        return entry[1]
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                if self._closed:
+                    return
+                time.sleep(0.1)
+                continue
+            if not self._slots.acquire(blocking=False):
+                conn.close()             # too many at once: the sender falls back to gRPC
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                             name="data-conn").start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn.settimeout(_HELLO_SECONDS)
+                conn.sendall(data_wire.MAGIC + self.nonce)
+                handler = self._take(data_wire.recv_exact(conn, data_wire.TICKET_SIZE))
+                if handler is None:
+                    return
+                conn.settimeout(data_wire.IO_TIMEOUT)
+                reply = handler(conn)
+                data_wire.send_reply(conn, reply)
+        except OSError as exc:          # the sender went away: its own side reports it
+            log.info("data port connection ended: %s", exc)
+        except Exception:  # noqa: BLE001 - one connection's bug must not end the port
+            log.exception("data port connection failed")
+        finally:
+            self._slots.release()

@@ -1,0 +1,192 @@
+"""Bulk bytes on a plain TCP connection (an agent's data port), beside gRPC.
+
+Python gRPC copies each message several times on its way: moving 1 GiB costs
+about 1 s of CPU on each side, and a slice's agents move a large argument once
+per host. On a plain socket the kernel's copy is all (``sendfile`` from a
+cached file, ``recv_into`` the destination): 0.2 s to send a GiB here, 0.6 s
+to receive it into a file.
+
+An agent without TLS listens on a data port. A transfer is asked for over gRPC
+first, where the token is checked; the agent answers with its port, its nonce
+and a one-use ticket (``pb.DataTicket``). Then:
+
+1. the sender connects, and the agent greets it with ``MAGIC`` and its nonce:
+   a sender that reached something else (a tunnel forwarding only the gRPC
+   port to a machine where another program holds that port) sends it nothing;
+2. the sender sends the ticket, then exactly the bytes the ticket was asked for;
+3. the receiver answers with one length-prefixed protobuf message.
+
+Where the data port cannot be reached, or the channel uses TLS (the data port
+has none), the sender uses gRPC as before, and remembers an unreachable port
+for the rest of its process.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from .addresses import host_of
+from .limits import CHUNK_SIZE
+from .proto import remote_tpu_pb2 as pb
+
+MAGIC = b"remote-tpu data 1\n"
+NONCE_SIZE = 16
+TICKET_SIZE = 32
+CONNECT_TIMEOUT = 3.0        # a port a firewall drops costs this, once per process
+IO_TIMEOUT = 120.0           # no byte moved for this long: the other side is gone
+MAX_REPLY = 1 << 20
+
+_unreachable: set[tuple[str, int]] = set()
+_lock = threading.Lock()
+
+
+class Unreachable(Exception):
+    """The data port cannot be used: send over gRPC instead."""
+
+
+def connect(address: str, port: int, nonce: bytes) -> socket.socket:
+    """A connection to the data port ``port`` of the agent at ``address`` (its
+    gRPC address), greeted with ``nonce``."""
+    host = host_of(address)
+    key = (host, port)
+    with _lock:
+        if key in _unreachable:
+            raise Unreachable(f"{host}:{port} was unreachable before")
+    try:
+        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+    except OSError as exc:
+        with _lock:
+            _unreachable.add(key)
+        raise Unreachable(f"{host}:{port}: {exc}") from exc
+    try:
+        greeting = recv_exact(sock, len(MAGIC) + NONCE_SIZE)
+    except ConnectionError as exc:     # closed at once: the agent is busy (not remembered)
+        sock.close()
+        raise Unreachable(f"{host}:{port} is busy: {exc}") from exc
+    except OSError as exc:
+        sock.close()
+        with _lock:
+            _unreachable.add(key)
+        raise Unreachable(f"{host}:{port} did not greet: {exc}") from exc
+    if greeting != MAGIC + nonce:
+        sock.close()
+        with _lock:
+            _unreachable.add(key)
+        raise Unreachable(f"{host}:{port} is not that agent's data port")
+    sock.settimeout(IO_TIMEOUT)
+    return sock
+
+
+def put_blob(stub, address: str, credentials, request: pb.BlobChunk,
+             write: Callable[[socket.socket], None]) -> pb.BlobStored | None:
+    """Send one buffer to the agent at ``address`` over its data port:
+    ``request`` says which (no data), ``write(sock)`` sends its bytes. Its
+    reply; None where the data port cannot be used (the caller then sends it
+    with PutBlob). gRPC errors of asking for the ticket are raised."""
+    if credentials.tls is not None:
+        return None
+    try:
+        ticket = stub.OpenBlob(request, timeout=30, metadata=credentials.metadata)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNIMPLEMENTED:     # an older agent
+            return None
+        raise
+    if ticket.refused:
+        return pb.BlobStored(refused=ticket.refused)
+    if not ticket.port or not ticket.ticket:
+        return None
+    try:
+        sock = connect(address, ticket.port, ticket.nonce)
+    except Unreachable:
+        return None
+    with sock:
+        try:
+            sock.sendall(ticket.ticket)
+            write(sock)
+        except OSError as exc:        # it may have refused and said why before closing
+            try:
+                sock.settimeout(5)
+                return pb.BlobStored.FromString(read_reply(sock))
+            except OSError:
+                raise ConnectionError(f"the data connection to {address} broke: "
+                                      f"{exc}") from exc
+        return pb.BlobStored.FromString(read_reply(sock))
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionError(f"the connection closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def send_reply(sock: socket.socket, message: bytes) -> None:
+    sock.sendall(len(message).to_bytes(4, "big") + message)
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    size = int.from_bytes(recv_exact(sock, 4), "big")
+    if size > MAX_REPLY:
+        raise ConnectionError(f"a reply of {size:,} bytes (at most {MAX_REPLY:,} are sent)")
+    return recv_exact(sock, size)
+
+
+def send_view(sock: socket.socket, view: memoryview,
+              progress: Callable[[int], None] | None = None) -> None:
+    """Send ``view``'s bytes, from its own memory (no copy here)."""
+    view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+    for start in range(0, view.nbytes, CHUNK_SIZE):
+        if progress is not None:
+            progress(start)
+        sock.sendall(view[start:start + CHUNK_SIZE])
+
+
+class Incoming:
+    """The ``size`` bytes a sender sends after its ticket, in pieces of up to
+    ``CHUNK_SIZE``: each a fresh buffer (it may be queued on to others), or
+    with ``reuse`` views of one buffer, each good until the next is taken."""
+
+    def __init__(self, sock: socket.socket, size: int, reuse: bool = False) -> None:
+        self._sock = sock
+        self.size = size
+        self.received = 0
+        self._reuse = reuse
+
+    def __iter__(self) -> Iterator[bytearray | memoryview]:
+        shared = memoryview(bytearray(min(CHUNK_SIZE, self.size))) if self._reuse else None
+        while self.received < self.size:
+            want = min(CHUNK_SIZE, self.size - self.received)
+            view = shared[:want] if shared is not None else memoryview(bytearray(want))
+            got = 0
+            while got < want:
+                k = self._sock.recv_into(view[got:])
+                if not k:
+                    return             # the sender went away: the caller sees it short
+                got += k
+            self.received += got
+            yield view if shared is not None else view.obj
+
+    def drain(self, limit: float = 30.0) -> None:
+        """Read and drop what the sender still sends (after a refusal), so that
+        it reads the reply instead of a reset; for ``limit`` seconds at most."""
+        scratch = bytearray(CHUNK_SIZE)
+        self._sock.settimeout(limit)
+        deadline = time.monotonic() + limit
+        try:
+            while self.received < self.size and time.monotonic() < deadline:
+                k = self._sock.recv_into(scratch, min(CHUNK_SIZE, self.size - self.received))
+                if not k:
+                    return
+                self.received += k
+        except OSError:
+            return

@@ -1,0 +1,190 @@
+"""The agents' data port: large arguments and values travel on plain TCP
+connections, each let in by a one-use ticket from a token-checked call; where
+the port cannot be reached, or TLS is on, gRPC carries them, and nothing is
+lost either way."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from conftest import Agents, on_agents
+from remote_tpu._core import data_wire, digests
+from remote_tpu._core.channels import Credentials, stub
+from remote_tpu._core.limits import CHUNK_SIZE
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    agents = Agents(2, devices=2, extra=["--spare-workers", "0"])
+    yield agents
+    agents.stop()
+
+
+@pytest.fixture
+def fresh_memory(monkeypatch):
+    """This process has not yet found any data port unreachable."""
+    monkeypatch.setattr(data_wire, "_unreachable", set())
+
+
+@pytest.fixture
+def firewalled(monkeypatch, fresh_memory):
+    """Connections to any data port are refused (as a firewall or a tunnel
+    that forwards only the gRPC port would); gRPC is untouched."""
+    real = socket.create_connection
+
+    def refuse(address, *args, **kwargs):
+        raise ConnectionRefusedError(f"refused {address} (a firewall)")
+    monkeypatch.setattr(data_wire.socket, "create_connection", refuse)
+    yield
+    monkeypatch.setattr(data_wire.socket, "create_connection", real)
+
+
+def _ticket(agents: Agents, size: int, digest: bytes | None = None) -> pb.DataTicket:
+    data_ref = pb.BlobRef(digest=digest or os.urandom(digests.SIZE), size=size)
+    creds = Credentials(token=agents.token)
+    return stub(agents.addresses[0], creds).OpenBlob(
+        pb.BlobChunk(blob=data_ref), metadata=creds.metadata, timeout=30)
+
+
+def _make(agents, **kw):
+    @on_agents(agents, accelerator="tpu-v4-16", stream="none", **kw)
+    def make(n):
+        import numpy as np
+        return np.arange(n, dtype=np.uint8) if n else b""
+    return make
+
+
+# The value's size at the edges of the chunk, and of a value that travels inline.
+SIZES = [0, 1, CHUNK_SIZE - 1, CHUNK_SIZE, CHUNK_SIZE + 1, 3 * CHUNK_SIZE + 7]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_values_of_every_size_come_back_whole_over_the_data_port(pair, fresh_memory, n):
+    value = _make(pair)(n)
+    assert len(value) == n and bytes(value) == bytes(np.arange(n, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("n", [CHUNK_SIZE + 1, 3 * CHUNK_SIZE + 7])
+def test_a_client_that_cannot_reach_the_data_port_gets_everything_over_grpc(pair, firewalled,
+                                                                           n):
+    array = np.arange(n, dtype=np.uint8)
+
+    @on_agents(pair, accelerator="tpu-v4-16", stream="none")
+    def echo(a):
+        return a.copy()
+    assert bytes(echo(array)) == bytes(array)           # argument and value
+
+
+def test_a_submitted_jobs_value_over_the_data_port_and_without_it(pair, monkeypatch,
+                                                                   fresh_memory):
+    n = 2 * CHUNK_SIZE + 3
+    handle = _make(pair).submit(n)
+    assert bytes(handle.result(timeout=120)) == bytes(np.arange(n, dtype=np.uint8))
+
+    def refuse(*args, **kwargs):
+        raise ConnectionRefusedError("a firewall")
+    monkeypatch.setattr(data_wire.socket, "create_connection", refuse)
+    monkeypatch.setattr(data_wire, "_unreachable", set())
+    assert bytes(handle.result(timeout=120)) == bytes(np.arange(n, dtype=np.uint8))
+
+
+def test_a_connection_without_a_ticket_is_greeted_and_closed(pair):
+    ticket = _ticket(pair, CHUNK_SIZE)
+    assert ticket.port and len(ticket.nonce) == data_wire.NONCE_SIZE
+    with socket.create_connection(("127.0.0.1", ticket.port), timeout=10) as s:
+        greeting = data_wire.recv_exact(s, len(data_wire.MAGIC) + data_wire.NONCE_SIZE)
+        assert greeting == data_wire.MAGIC + ticket.nonce
+        s.sendall(os.urandom(data_wire.TICKET_SIZE) + b"x" * 1000)
+        try:
+            answer = s.recv(1)
+        except ConnectionResetError:               # closed with our bytes unread
+            answer = b""
+        assert answer == b""                       # closed, nothing answered
+
+
+def test_a_ticket_lets_in_one_connection_only(pair):
+    data = os.urandom(CHUNK_SIZE + 5)
+    ticket = _ticket(pair, len(data), digests.of(data))
+
+    def send():
+        s = data_wire.connect(pair.addresses[0], ticket.port, ticket.nonce)
+        s.sendall(ticket.ticket)
+        return s
+    with send() as s:
+        s.sendall(data)
+        assert pb.BlobStored.FromString(data_wire.read_reply(s)).refused == ""
+    with send() as s:                              # the same ticket again
+        with pytest.raises(ConnectionError):       # closed: a reset, or no reply
+            s.sendall(data)
+            data_wire.read_reply(s)
+
+
+def test_a_corrupted_buffer_is_refused_and_the_sender_reads_why(pair):
+    data = os.urandom(2 * CHUNK_SIZE)
+    ticket = _ticket(pair, len(data), digests.of(b"something else"))
+    with data_wire.connect(pair.addresses[0], ticket.port, ticket.nonce) as s:
+        s.sendall(ticket.ticket + data)
+        stored = pb.BlobStored.FromString(data_wire.read_reply(s))
+    assert "does not match its xxh3-128 digest" in stored.refused
+
+
+def test_tickets_are_only_for_callers_with_the_token(pair):
+    with pytest.raises(grpc.RpcError) as err:
+        stub(pair.addresses[0], Credentials()).OpenBlob(
+            pb.BlobChunk(blob=pb.BlobRef(digest=bytes(16), size=1)), timeout=30)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_something_else_on_the_port_is_sent_nothing(fresh_memory):
+    """A port that another program holds (a tunnel to the wrong machine): the
+    greeting does not match, and not one byte is sent to it."""
+    server = socket.create_server(("127.0.0.1", 0))
+    received = []
+
+    def impostor():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n" + bytes(16))
+            conn.settimeout(2)
+            try:
+                received.append(conn.recv(100))
+            except OSError:
+                received.append(b"")
+    threading.Thread(target=impostor, daemon=True).start()
+    with pytest.raises(data_wire.Unreachable, match="not that agent's data port"):
+        data_wire.connect(f"127.0.0.1:{server.getsockname()[1]}", server.getsockname()[1],
+                          os.urandom(data_wire.NONCE_SIZE))
+    server.close()
+    assert received in ([b""], [])
+
+
+def test_an_agent_turned_off_or_with_tls_has_no_data_port():
+    agents = Agents(1, devices=2, peers=False, extra=["--spare-workers", "0",
+                                                      "--data-port", "-1"])
+    try:
+        assert _ticket(agents, CHUNK_SIZE).port == 0
+        array = np.arange(CHUNK_SIZE + 9, dtype=np.uint8)
+
+        @on_agents(agents, accelerator="tpu-v5litepod-4", stream="none")
+        def echo(a):
+            return a.copy()
+        assert bytes(echo(array)) == bytes(array)
+    finally:
+        agents.stop()
+
+
+def test_a_bad_data_port_flag_is_refused():
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--port", "0",
+                           "--data-port", "70000"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--data-port must be a port" in proc.stderr
