@@ -9,6 +9,7 @@ jobs that finished last are kept; older ones are deleted with their files.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
@@ -82,11 +83,23 @@ class JobStore:
                 self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
         self._lock = threading.Lock()        # create() is check-then-insert
         self._db_lock = threading.Lock()     # one statement at a time on the connection
+        self._prune_lock = threading.Lock()
+        self._done_lock = threading.Lock()   # (create() saves under _lock)
         self._save_lock = threading.RLock()
         self._live: dict[str, JobRecord] = {}
         self._unsaved: dict[str, JobRecord] = {}   # saves that failed (disk full)
         self._moving: dict[str, JobRecord] = {}    # finished, their value on its way in
+        # Finished jobs, oldest first: key -> [job_id, role, bytes (None: to be
+        # measured), its small value's bytes]. Pruning reads this, not the table
+        # (a query over every finished job cost 0.3-0.6 ms per job here).
+        self._done: collections.OrderedDict[str, list] | None = None
         self._mark_lost()
+        self._done = collections.OrderedDict(
+            (self._key(job_id, role), [job_id, role, size, kept]) for job_id, role, size, kept
+            in self._sql("SELECT job_id, role, bytes, IFNULL(length(result), 0) FROM jobs "
+                         "WHERE phase NOT IN (?, ?) ORDER BY CASE WHEN ended_at > 0 THEN "
+                         "ended_at ELSE created_at END",
+                         (pb.JOB_PHASE_QUEUED, pb.JOB_PHASE_RUNNING)))
 
     def full_message(self) -> str:
         return (f"the agent's state dir {self.state_dir} is full: free space there, or "
@@ -179,6 +192,12 @@ class JobStore:
         self._unsaved.pop(key, None)
         if phase in FINISHED:
             self._live.pop(key, None)
+            if self._done is not None:
+                with self._done_lock:
+                    entry = self._done.setdefault(key, [record.job_id, record.role, None, 0])
+                    entry[2] = None                  # (the save set its bytes to NULL)
+                    if record.result is not None:
+                        entry[3] = len(record.result)
 
     def list(self, role: int = pb.ROLE_GATEWAY, limit: int = 0) -> list[pb.JobStatus]:
         rows = self._sql("SELECT job_id, role, spec, status FROM jobs WHERE role = ? "
@@ -194,28 +213,24 @@ class JobStore:
         """Delete the jobs that finished longest ago beyond ``keep``, and beyond
         ``max_store_bytes`` all together (the job that finished last stays, so a
         caller can always collect the result of the job that just ended)."""
-        try:
-            rows = self._sql("SELECT job_id, role, bytes, IFNULL(length(result), 0) FROM jobs "
-                             "WHERE phase NOT IN (?, ?) "
-                             "ORDER BY CASE WHEN ended_at > 0 THEN ended_at "
-                             "ELSE created_at END DESC",
-                             (pb.JOB_PHASE_QUEUED, pb.JOB_PHASE_RUNNING))
-        except sqlite3.Error as exc:
-            log.warning("cannot prune the job store: %s", exc)
-            return
-        total = 0
-        for i, (job_id, role, size, kept) in enumerate(rows):
-            if size is None:            # measured once: a finished job's files stay as they are
-                size = _tree_size(self._dir(job_id, role)) + \
-                    _tree_size(self._outputs_dir(job_id))
-                try:
-                    self._sql("UPDATE jobs SET bytes = ? WHERE job_id = ? AND role = ?",
-                              (size, job_id, role))
-                except sqlite3.Error:
-                    pass
-            total += size + kept
-            if i >= self.keep or (i > 0 and total > self.max_store_bytes):
-                self._delete(job_id, role)
+        with self._prune_lock:
+            with self._done_lock:
+                done = list(reversed(self._done.values())) if self._done else []
+            total = 0
+            for i, entry in enumerate(done):
+                job_id, role, size, kept = entry
+                if size is None:        # measured once: a finished job's files stay as they are
+                    size = entry[2] = _tree_size(self._dir(job_id, role)) + \
+                        _tree_size(self._outputs_dir(job_id))
+                    if size:            # (nothing to measure is quickly found again)
+                        try:
+                            self._sql("UPDATE jobs SET bytes = ? WHERE job_id = ? AND role = ?",
+                                      (size, job_id, role))
+                        except sqlite3.Error:
+                            pass
+                total += size + kept
+                if i >= self.keep or (i > 0 and total > self.max_store_bytes):
+                    self._delete(job_id, role)
 
     def saved_result(self, record: JobRecord) -> bytes | None:
         rows = self._sql("SELECT result FROM jobs WHERE job_id = ? AND role = ?",
@@ -234,6 +249,10 @@ class JobStore:
 
     def measure_again(self, record: JobRecord) -> None:
         """A finished job's files changed (its value arrived): count them anew."""
+        with self._done_lock:
+            entry = (self._done or {}).get(self._key(record.job_id, record.role))
+            if entry is not None:
+                entry[2] = None
         try:
             self._sql("UPDATE jobs SET bytes = NULL WHERE job_id = ? AND role = ?",
                       (record.job_id, record.role))
@@ -248,6 +267,9 @@ class JobStore:
         except sqlite3.Error as exc:
             log.warning("job %s: cannot delete its record: %s", job_id, exc)
             return
+        with self._done_lock:
+            if self._done is not None:
+                self._done.pop(self._key(job_id, role), None)
         shutil.rmtree(self._dir(job_id, role), ignore_errors=True)
         shutil.rmtree(self._outputs_dir(job_id), ignore_errors=True)
 

@@ -17,17 +17,11 @@ distribution) are pickled by value, so the hosts need not have them.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import io
 import json
-import os
 import pickle
-import site
 import struct
-import sys
-import sysconfig
-import threading
 import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -37,12 +31,11 @@ import cloudpickle
 from . import digests
 from .exceptions import SerializationError
 from .limits import CHUNK_SIZE
+from .local_modules import local_modules_by_value
 from .versions import check_compatible, local_versions
 
 MAGIC = b"RTPU"
 _INBAND_LIMIT = 64 * 1024     # smaller buffers stay inside the pickle stream
-_OWN_PACKAGES = frozenset({"remote_tpu", "remote_tpu_agent"})
-_by_value_lock = threading.Lock()
 
 
 class Payload:
@@ -120,7 +113,7 @@ def _pickle(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
 
 def dumps(obj: Any, *, what: str = "value", kind: str = "value") -> Payload:
     """Pickle ``obj``; on failure raise SerializationError naming the culprit."""
-    with _local_modules_by_value():
+    with local_modules_by_value():
         try:
             data, buffers = _pickle(obj)
         except Exception as exc:  # noqa: BLE001 - any pickling failure is reported
@@ -140,7 +133,7 @@ def dumps_call(fn: Any, args: tuple, kwargs: dict, blob_min: int | None = None) 
     except ValueError:      # no signature (some builtins): nothing to check
         bound = None
     call = (fn, args, kwargs)
-    with _local_modules_by_value():
+    with local_modules_by_value():
         try:
             data, buffers = _pickle(call)
         except Exception as exc:  # noqa: BLE001
@@ -214,82 +207,6 @@ def loads(data: bytes | bytearray | memoryview, *, what: str = "value",
 
 
 # ----------------------------------------------------------------- exceptions
-
-
-# ------------------------------------------------------------- local modules
-
-
-@functools.lru_cache(maxsize=1)
-def _installed_roots() -> tuple[frozenset[str], tuple[str, ...]]:
-    """Standard-library names, and the directories installed packages live in.
-    (Asking importlib.metadata for every distribution would cost ~30 ms, in
-    every worker too; an editable install counts as local, and travels by value.)"""
-    names = frozenset(sys.stdlib_module_names) | frozenset(sys.builtin_module_names)
-    keys = ("stdlib", "platstdlib", "purelib", "platlib")
-    paths = {sysconfig.get_paths()[k] for k in keys}
-    try:
-        paths |= set(site.getsitepackages()) | {site.getusersitepackages()}
-    except AttributeError:      # some embedded interpreters lack these
-        pass
-    paths |= {os.path.realpath(p) for p in paths}
-    return names, tuple(sorted(paths))
-
-
-_local_seen: dict[str, tuple[types.ModuleType, bool]] = {}    # name: (module, answer)
-
-
-def _is_local(name: str, module: types.ModuleType) -> bool:
-    """Whether ``module`` is the user's own (remembered per module object: a
-    call looks at every module imported)."""
-    seen = _local_seen.get(name)
-    if seen is not None and seen[0] is module:
-        return seen[1]
-    answer = _judge_local(name, module)
-    _local_seen[name] = (module, answer)
-    return answer
-
-
-def _judge_local(name: str, module: types.ModuleType) -> bool:
-    if name in _OWN_PACKAGES or name == "__main__":
-        return False
-    names, paths = _installed_roots()
-    if name in names:
-        return False
-    file = getattr(module, "__file__", None)
-    if not file:
-        return False
-    return not file.startswith(paths)
-
-
-class _local_modules_by_value:
-    """Register the user's own top-level modules with cloudpickle for one dump."""
-
-    def __enter__(self) -> None:
-        _by_value_lock.acquire()
-        self.registered: list[types.ModuleType] = []
-        roots = {n.partition(".")[0] for n in list(sys.modules)}
-        for root in sorted(roots):
-            module = sys.modules.get(root)
-            if module is None or not _is_local(root, module):
-                continue
-            try:
-                cloudpickle.register_pickle_by_value(module)
-            except ValueError:
-                continue
-            self.registered.append(module)
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            for module in self.registered:
-                try:
-                    cloudpickle.unregister_pickle_by_value(module)
-                except ValueError:
-                    pass
-        finally:
-            _by_value_lock.release()
-
-
-# ------------------------------------------------------- naming the culprit
 
 
 def _call_error(fn: Any, bound: inspect.BoundArguments | None, args: tuple,
