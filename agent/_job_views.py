@@ -139,6 +139,9 @@ def _result_chunks(record: JobRecord, with_size: bool = False) -> Iterator[pb.Ev
             yield pb.Event(host=0, result_size=os.fstat(f.fileno()).st_size)
         while chunk := f.read(CHUNK_SIZE):
             yield pb.Event(host=0, result_chunk=chunk)
+    if record.result_ticketed:      # its caller could not use the ticket, and read it here
+        record.result_ticketed = False
+        record.result_sent()
 
 
 def _result_ticket(record: JobRecord, data_port: DataPort) -> pb.DataTicket | None:

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from . import _blobs as blobs
+from ._core import data_wire
 from ._core.channels import BlobsMissing
 from ._core.exceptions import ConfigurationError
 from ._core.limits import INLINE_BYTES
@@ -126,7 +127,8 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         allow_jax_requirements=options.allow_jax_requirements,
         data=data, gcs_data=gcs, keep_going=options.keep_going,
         profile_seconds=options.profile,
-        result_over_data_port=target.credentials.tls is None,     # it has no TLS
+        result_over_data_port=(target.credentials.tls is None and   # (it has no TLS)
+                               data_wire.values_reachable(target.gateway)),
     )
     retries = options.retries
     if retries is not None and submitted:       # its gateway tries it again (_attempts)

@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from ._core import data_wire
 from ._core.auth import TLS
 from ._core.channels import error_from_rpc, forget_if_unavailable
 from ._core.exceptions import ConfigurationError, JobTimeoutError
@@ -200,7 +201,8 @@ class JobHandle:
                 f"{self._id} is a warm session's entry: it has no value of its own (each "
                 "call in it has its own job and value)")
         self.wait(timeout)
-        port = self._target.credentials.tls is None        # the data port has no TLS
+        port = (self._target.credentials.tls is None        # (the data port has no TLS)
+                and data_wire.values_reachable(self._target.gateway))
         stream = self._stream("Result", pb.JobRef(job_id=self._id, data_port=port))
         return outcome(stream, OutputRenderer("none"), gateway=self._target.gateway,
                        job_id=self._id, accelerator=self._accelerator_name(),

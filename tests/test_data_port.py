@@ -13,7 +13,8 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import Agents, on_agents
+import remote_tpu
+from conftest import Agents, on_agents, wait_until
 from remote_tpu._core import data_wire, digests
 from remote_tpu._core.channels import Credentials, stub
 from remote_tpu._core.limits import CHUNK_SIZE
@@ -33,6 +34,7 @@ def pair():
 def fresh_memory(monkeypatch):
     """This process has not yet found any data port unreachable."""
     monkeypatch.setattr(data_wire, "_unreachable", set())
+    monkeypatch.setattr(data_wire, "_no_values", set())
 
 
 @pytest.fixture
@@ -82,6 +84,20 @@ def test_a_client_that_cannot_reach_the_data_port_gets_everything_over_grpc(pair
     def echo(a):
         return a.copy()
     assert bytes(echo(array)) == bytes(array)           # argument and value
+
+
+def test_values_a_client_cannot_fetch_do_not_pile_up_on_the_gateway(pair, firewalled):
+    """The first value's ticket cannot be used: it is read over gRPC, and the
+    next calls ask for no ticket; no value waits in the gateway's memory for
+    a ticket to lapse."""
+    from remote_tpu_agent._cache_dir import default_dir
+
+    make = _make(pair)
+    for _ in range(3):
+        assert len(make(2 * CHUNK_SIZE)) == 2 * CHUNK_SIZE
+    assert not data_wire.values_reachable(pair.addresses[0])
+    results = os.path.join(default_dir(pair.state_dirs[0]), "results")
+    assert wait_until(lambda: not os.listdir(results), timeout=10), os.listdir(results)
 
 
 def test_a_submitted_jobs_value_over_the_data_port_and_without_it(pair, monkeypatch,
@@ -188,3 +204,29 @@ def test_a_bad_data_port_flag_is_refused():
     proc = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--port", "0",
                            "--data-port", "70000"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--data-port must be a port" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_peer_that_hangs_mid_upload_fails_the_call_naming_it(fresh_memory):
+    """A stopped peer takes bytes until its buffers fill, then none: the
+    gateway gives up on it after --peer-timeout and the call fails naming it,
+    as over gRPC (no bare socket timeout reaches the caller)."""
+    import signal
+    import time
+
+    agents = Agents(2, devices=2, extra=["--spare-workers", "0", "--peer-timeout", "3"])
+    try:
+        os.kill(agents.procs[1].pid, signal.SIGSTOP)
+        array = np.ones(64 * CHUNK_SIZE, dtype=np.uint8)
+
+        @on_agents(agents, accelerator="tpu-v4-16", stream="none")
+        def size_of(a):
+            return a.nbytes
+        start = time.monotonic()
+        with pytest.raises(remote_tpu.RemoteTPUError) as err:
+            size_of(array)
+        assert time.monotonic() - start < 60
+        assert agents.addresses[1] in str(err.value)
+    finally:
+        os.kill(agents.procs[1].pid, signal.SIGCONT)
+        agents.stop()

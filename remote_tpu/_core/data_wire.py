@@ -45,13 +45,31 @@ _unreachable: set[tuple[str, int]] = set()
 _lock = threading.Lock()
 
 
+_no_values: set[str] = set()     # gateways whose data port a value could not be fetched from
+
+
+def values_reachable(address: str) -> bool:
+    """Whether to ask the gateway at ``address`` for large values over its data
+    port: not once a value could not be fetched from it (each such value would
+    wait there for its ticket to lapse)."""
+    with _lock:
+        return address not in _no_values
+
+
+def values_unreachable(address: str) -> None:
+    with _lock:
+        _no_values.add(address)
+
+
 class Unreachable(Exception):
     """The data port cannot be used: send over gRPC instead."""
 
 
-def connect(address: str, port: int, nonce: bytes) -> socket.socket:
+def connect(address: str, port: int, nonce: bytes, io_timeout: float | None = None
+            ) -> socket.socket:
     """A connection to the data port ``port`` of the agent at ``address`` (its
-    gRPC address), greeted with ``nonce``."""
+    gRPC address), greeted with ``nonce``; a send or receive that moves nothing
+    for ``io_timeout`` seconds (default ``IO_TIMEOUT``) fails."""
     host = host_of(address)
     key = (host, port)
     with _lock:
@@ -78,7 +96,7 @@ def connect(address: str, port: int, nonce: bytes) -> socket.socket:
         with _lock:
             _unreachable.add(key)
         raise Unreachable(f"{host}:{port} is not that agent's data port")
-    sock.settimeout(IO_TIMEOUT)
+    sock.settimeout(io_timeout or IO_TIMEOUT)
     return sock
 
 
@@ -100,8 +118,8 @@ def put_blob(stub, address: str, credentials, request: pb.BlobChunk,
         return pb.BlobStored(refused=ticket.refused)
     if not ticket.port or not ticket.ticket:
         return None
-    try:
-        sock = connect(address, ticket.port, ticket.nonce)
+    try:        # (an agent's peers: silent for its --peer-timeout, they are gone)
+        sock = connect(address, ticket.port, ticket.nonce, credentials.keepalive)
     except Unreachable:
         return None
     with sock:
@@ -115,7 +133,11 @@ def put_blob(stub, address: str, credentials, request: pb.BlobChunk,
             except OSError:
                 raise ConnectionError(f"the data connection to {address} broke: "
                                       f"{exc}") from exc
-        return pb.BlobStored.FromString(read_reply(sock))
+        try:
+            return pb.BlobStored.FromString(read_reply(sock))
+        except OSError as exc:       # (TimeoutError: no answer for io_timeout seconds)
+            raise ConnectionError(f"the agent at {address} did not confirm the bytes: "
+                                  f"{exc}") from exc
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
