@@ -101,11 +101,11 @@ class _Send:
                                             metadata=self._credentials.metadata,
                                             timeout=upload_deadline(self._ref.size))
         except _Abandoned:
-            self._error = "the upload was abandoned"
+            self._error = self._error or "the upload was abandoned"
         except grpc.RpcError as exc:
-            self._error = f"{exc.code().name}: {exc.details()}"
+            self._error = self._error or f"{exc.code().name}: {exc.details()}"
         except Exception as exc:  # noqa: BLE001 - a bad address, say: reported, not lost
-            self._error = f"{type(exc).__name__}: {exc}"
+            self._error = self._error or f"{type(exc).__name__}: {exc}"
         finally:
             self._dead.set()
 
@@ -115,12 +115,22 @@ class _Send:
         return self._dead.is_set()
 
     def put(self, data: bytes | None) -> None:
+        """Queue ``data`` for the agent; one that takes nothing for half its
+        peer timeout is given up (reported, the rest of the slice served):
+        whoever sends to this agent must not wait so long on it that it takes
+        this agent for the one that hangs."""
+        stall = (self._credentials.keepalive or 0) / 2
+        waited = 0.0
         while not self._dead.is_set():
             try:
                 self._chunks.put(data, timeout=0.5)
                 return
             except queue.Full:
-                continue
+                waited += 0.5
+                if stall and waited >= stall:
+                    self._error = self._error or f"it took no bytes for {waited:g} s"
+                    self._dead.set()
+                    return
 
     def abort(self) -> None:
         self._error = self._error or "the upload was abandoned"

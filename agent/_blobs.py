@@ -169,9 +169,13 @@ class BlobCache:
         bytes read from ``sock``; the reply to send."""
         incoming = data_wire.Incoming(sock, request.blob.size,
                                       reuse=not (request.forward_to or request.to_slice))
-        stored = self.take(request, iter(incoming), credentials, slice_peers)
-        if stored.refused:
-            incoming.drain()             # so that the sender reads why, not a reset
+        alive = data_wire.Heartbeat(sock)     # (passing it on may take a while)
+        try:
+            stored = self.take(request, iter(incoming), credentials, slice_peers)
+            if stored.refused:
+                incoming.drain()             # so that the sender reads why, not a reset
+        finally:
+            alive.stop()
         return stored.SerializeToString()
 
     def take(self, request: pb.BlobChunk, pieces: Iterator[bytes | bytearray],

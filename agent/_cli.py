@@ -304,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     if not -1 <= args.data_port <= 65535:
         parser.error(f"--data-port must be a port (0 = any free one, -1 = none), got "
                      f"{args.data_port}")
+    if args.data_port > 0 and args.data_port == args.port:
+        parser.error(f"--data-port {args.data_port} is the agent's gRPC port (--port): "
+                     "give it another, or 0 for any free one")
     for flag in ("keep_jobs", "max_streams"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1, got "

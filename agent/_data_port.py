@@ -2,7 +2,7 @@
 a one-use ticket handed out over gRPC (where the token was checked). The
 protocol is in ``remote_tpu/_core/data_wire.py``.
 
-A connection that brings no known ticket within a few seconds is closed; at
+A connection that brings no known ticket within ``_HELLO_SECONDS`` is closed; at
 most ``MAX_CONNECTIONS`` are served at once and ``MAX_TICKETS`` wait, each for
 ``TICKET_SECONDS``: beyond them a sender is told to use gRPC.
 """
@@ -30,9 +30,10 @@ Handler = Callable[[socket.socket], bytes]     # serves one connection: its repl
 
 class DataPort:
     def __init__(self, host: str, port: int = 0) -> None:
+        host = host or "::"                  # every address, as gRPC takes it
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        dual = host in ("::", "") and socket.has_dualstack_ipv6()
-        self._listener = socket.create_server((host or "::", port), family=family,
+        dual = host == "::" and socket.has_dualstack_ipv6()
+        self._listener = socket.create_server((host, port), family=family,
                                               dualstack_ipv6=dual, backlog=128)
         self.port = self._listener.getsockname()[1]
         self.nonce = os.urandom(data_wire.NONCE_SIZE)
@@ -44,6 +45,10 @@ class DataPort:
 
     def close(self) -> None:
         self._closed = True
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)     # wakes the accept (Linux)
+        except OSError:
+            pass
         try:
             self._listener.close()
         except OSError:
@@ -90,14 +95,15 @@ class DataPort:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn.settimeout(_HELLO_SECONDS)
                 conn.sendall(data_wire.MAGIC + self.nonce)
-                handler = self._take(data_wire.recv_exact(conn, data_wire.TICKET_SIZE))
+                handler = self._take(data_wire.recv_exact(conn, data_wire.TICKET_SIZE,
+                                                          within=_HELLO_SECONDS))
                 if handler is None:
                     return
                 conn.settimeout(data_wire.IO_TIMEOUT)
                 reply = handler(conn)
                 data_wire.send_reply(conn, reply)
         except OSError as exc:          # the sender went away: its own side reports it
-            log.info("data port connection ended: %s", exc)
+            log.debug("data port connection ended: %s", exc)
         except Exception:  # noqa: BLE001 - one connection's bug must not end the port
             log.exception("data port connection failed")
         finally:

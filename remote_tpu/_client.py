@@ -128,7 +128,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         data=data, gcs_data=gcs, keep_going=options.keep_going,
         profile_seconds=options.profile,
         result_over_data_port=(target.credentials.tls is None and   # (it has no TLS)
-                               data_wire.values_reachable(target.gateway)),
+                               data_wire.usable(target.gateway)),
     )
     retries = options.retries
     if retries is not None and submitted:       # its gateway tries it again (_attempts)

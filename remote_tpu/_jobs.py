@@ -202,7 +202,7 @@ class JobHandle:
                 "call in it has its own job and value)")
         self.wait(timeout)
         port = (self._target.credentials.tls is None        # (the data port has no TLS)
-                and data_wire.values_reachable(self._target.gateway))
+                and data_wire.usable(self._target.gateway))
         stream = self._stream("Result", pb.JobRef(job_id=self._id, data_port=port))
         return outcome(stream, OutputRenderer("none"), gateway=self._target.gateway,
                        job_id=self._id, accelerator=self._accelerator_name(),

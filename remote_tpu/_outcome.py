@@ -218,8 +218,6 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
                 value.add(event.result_chunk, job_id)
             elif kind == "result_ticket":
                 missed = not value.fetch(gateway, event.result_ticket, job_id)
-                if missed:                       # the next calls ask for chunks
-                    data_wire.values_unreachable(gateway)
             elif kind == "end":
                 end = event.end
             elif kind == "queued":

@@ -33,8 +33,7 @@ def pair():
 @pytest.fixture
 def fresh_memory(monkeypatch):
     """This process has not yet found any data port unreachable."""
-    monkeypatch.setattr(data_wire, "_unreachable", set())
-    monkeypatch.setattr(data_wire, "_no_values", set())
+    monkeypatch.setattr(data_wire, "_unusable", set())
 
 
 @pytest.fixture
@@ -95,7 +94,7 @@ def test_values_a_client_cannot_fetch_do_not_pile_up_on_the_gateway(pair, firewa
     make = _make(pair)
     for _ in range(3):
         assert len(make(2 * CHUNK_SIZE)) == 2 * CHUNK_SIZE
-    assert not data_wire.values_reachable(pair.addresses[0])
+    assert not data_wire.usable(pair.addresses[0])
     results = os.path.join(default_dir(pair.state_dirs[0]), "results")
     assert wait_until(lambda: not os.listdir(results), timeout=10), os.listdir(results)
 
@@ -109,7 +108,7 @@ def test_a_submitted_jobs_value_over_the_data_port_and_without_it(pair, monkeypa
     def refuse(*args, **kwargs):
         raise ConnectionRefusedError("a firewall")
     monkeypatch.setattr(data_wire.socket, "create_connection", refuse)
-    monkeypatch.setattr(data_wire, "_unreachable", set())
+    monkeypatch.setattr(data_wire, "_unusable", set())
     assert bytes(handle.result(timeout=120)) == bytes(np.arange(n, dtype=np.uint8))
 
 
@@ -204,6 +203,9 @@ def test_a_bad_data_port_flag_is_refused():
     proc = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--port", "0",
                            "--data-port", "70000"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--data-port must be a port" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--port", "45677",
+                           "--data-port", "45677"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "is the agent's gRPC port" in proc.stderr
 
 
 @pytest.mark.slow
@@ -230,3 +232,52 @@ def test_a_peer_that_hangs_mid_upload_fails_the_call_naming_it(fresh_memory):
     finally:
         os.kill(agents.procs[1].pid, signal.SIGCONT)
         agents.stop()
+
+
+@pytest.mark.slow
+def test_a_hung_agent_deep_in_the_forwarding_tree_is_the_one_named(fresh_memory):
+    """Six hosts: the gateway passes a buffer to four agents, the first of
+    which passes it on to the sixth. When the sixth hangs, its parent keeps
+    answering (heartbeats) and gives it up; the call names the sixth, not its
+    healthy parent."""
+    import signal
+
+    agents = Agents(6, devices=4, extra=["--spare-workers", "0", "--peer-timeout", "4"])
+    try:
+        os.kill(agents.procs[5].pid, signal.SIGSTOP)
+        array = np.ones(64 * CHUNK_SIZE, dtype=np.uint8)
+
+        @on_agents(agents, accelerator="tpu-v4-48", stream="none", init_jax=False)
+        def size_of(a):
+            return a.nbytes
+        with pytest.raises(remote_tpu.RemoteTPUError) as err:
+            size_of(array)
+        message = str(err.value)
+        assert agents.addresses[5] in message
+        assert f"{agents.addresses[1]}: " not in message, message
+    finally:
+        os.kill(agents.procs[5].pid, signal.SIGCONT)
+        agents.stop()
+
+
+@pytest.mark.slow
+def test_a_connection_that_dribbles_no_ticket_is_closed(pair):
+    """Someone without the token cannot hold the port's connections by sending
+    a byte now and then: the ticket must come whole within 10 s."""
+    import time
+
+    port = _ticket(pair, CHUNK_SIZE).port
+    start = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        data_wire.recv_exact(s, len(data_wire.MAGIC) + data_wire.NONCE_SIZE)
+        s.settimeout(2)
+        closed = False
+        while not closed and time.monotonic() - start < 30:
+            try:
+                s.sendall(b"x")              # one byte of the ticket every 2 s
+                closed = s.recv(1) == b""
+            except socket.timeout:
+                continue
+            except ConnectionError:
+                closed = True
+    assert closed and time.monotonic() - start < 15

@@ -41,28 +41,28 @@ CONNECT_TIMEOUT = 3.0        # a port a firewall drops costs this, once per proc
 IO_TIMEOUT = 120.0           # no byte moved for this long: the other side is gone
 MAX_REPLY = 1 << 20
 
-_unreachable: set[tuple[str, int]] = set()
+HEARTBEAT = 0xFFFFFFFF        # a reply frame of this "length": still working, no reply yet
+HEARTBEAT_SECONDS = 1.0
+
+_unusable: set[str] = set()      # agents (by address) whose data port cannot be used from here
 _lock = threading.Lock()
 
 
-_no_values: set[str] = set()     # gateways whose data port a value could not be fetched from
-
-
-def values_reachable(address: str) -> bool:
-    """Whether to ask the gateway at ``address`` for large values over its data
-    port: not once a value could not be fetched from it (each such value would
-    wait there for its ticket to lapse)."""
-    with _lock:
-        return address not in _no_values
-
-
-def values_unreachable(address: str) -> None:
-    with _lock:
-        _no_values.add(address)
-
-
 class Unreachable(Exception):
-    """The data port cannot be used: send over gRPC instead."""
+    """The data port cannot be used: send over gRPC instead. ``lasting``: not
+    worth trying again from this process (refused, dropped, someone else's)."""
+
+    def __init__(self, message: str, lasting: bool = True) -> None:
+        super().__init__(message)
+        self.lasting = lasting
+
+
+def usable(address: str) -> bool:
+    """Whether the data port of the agent at ``address`` is worth asking for:
+    not once it could not be reached from this process (each ticket asked for
+    in vain would wait there for a minute)."""
+    with _lock:
+        return address not in _unusable
 
 
 def connect(address: str, port: int, nonce: bytes, io_timeout: float | None = None
@@ -71,30 +71,30 @@ def connect(address: str, port: int, nonce: bytes, io_timeout: float | None = No
     gRPC address), greeted with ``nonce``; a send or receive that moves nothing
     for ``io_timeout`` seconds (default ``IO_TIMEOUT``) fails."""
     host = host_of(address)
-    key = (host, port)
-    with _lock:
-        if key in _unreachable:
-            raise Unreachable(f"{host}:{port} was unreachable before")
+    try:
+        return _connect(host, port, nonce, io_timeout)
+    except Unreachable as exc:
+        if exc.lasting:
+            with _lock:
+                _unusable.add(address)
+        raise
+
+
+def _connect(host: str, port: int, nonce: bytes, io_timeout: float | None) -> socket.socket:
     try:
         sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
     except OSError as exc:
-        with _lock:
-            _unreachable.add(key)
         raise Unreachable(f"{host}:{port}: {exc}") from exc
     try:
         greeting = recv_exact(sock, len(MAGIC) + NONCE_SIZE)
     except ConnectionError as exc:     # closed at once: the agent is busy (not remembered)
         sock.close()
-        raise Unreachable(f"{host}:{port} is busy: {exc}") from exc
+        raise Unreachable(f"{host}:{port} is busy: {exc}", lasting=False) from exc
     except OSError as exc:
         sock.close()
-        with _lock:
-            _unreachable.add(key)
         raise Unreachable(f"{host}:{port} did not greet: {exc}") from exc
     if greeting != MAGIC + nonce:
         sock.close()
-        with _lock:
-            _unreachable.add(key)
         raise Unreachable(f"{host}:{port} is not that agent's data port")
     sock.settimeout(io_timeout or IO_TIMEOUT)
     return sock
@@ -106,7 +106,7 @@ def put_blob(stub, address: str, credentials, request: pb.BlobChunk,
     ``request`` says which (no data), ``write(sock)`` sends its bytes. Its
     reply; None where the data port cannot be used (the caller then sends it
     with PutBlob). gRPC errors of asking for the ticket are raised."""
-    if credentials.tls is not None:
+    if credentials.tls is not None or not usable(address):
         return None
     try:
         ticket = stub.OpenBlob(request, timeout=30, metadata=credentials.metadata)
@@ -140,11 +140,18 @@ def put_blob(stub, address: str, credentials, request: pb.BlobChunk,
                                   f"{exc}") from exc
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int, within: float | None = None) -> bytes:
+    """``n`` bytes; with ``within``, all of them within that many seconds."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
+    deadline = None if within is None else time.monotonic() + within
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{got} of {n} bytes in {within:g} s")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:])
         if not k:
             raise ConnectionError(f"the connection closed after {got} of {n} bytes")
@@ -157,10 +164,40 @@ def send_reply(sock: socket.socket, message: bytes) -> None:
 
 
 def read_reply(sock: socket.socket) -> bytes:
-    size = int.from_bytes(recv_exact(sock, 4), "big")
-    if size > MAX_REPLY:
-        raise ConnectionError(f"a reply of {size:,} bytes (at most {MAX_REPLY:,} are sent)")
-    return recv_exact(sock, size)
+    """The receiver's reply, past its heartbeats (each resets the socket's
+    timeout: a receiver still at work is not taken for a dead one)."""
+    while True:
+        size = int.from_bytes(recv_exact(sock, 4), "big")
+        if size == HEARTBEAT:
+            continue
+        if size > MAX_REPLY:
+            raise ConnectionError(f"a reply of {size:,} bytes (at most {MAX_REPLY:,} are "
+                                  "sent)")
+        return recv_exact(sock, size)
+
+
+class Heartbeat:
+    """While a receiver works on what it was sent (storing it, passing it on),
+    a heartbeat frame every ``HEARTBEAT_SECONDS`` tells its sender it lives;
+    stopped before the reply is sent."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True, name="data-heartbeat")
+        self._thread.start()
+
+    def _beat(self) -> None:
+        frame = HEARTBEAT.to_bytes(4, "big")
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                self._sock.sendall(frame)
+            except OSError:
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def send_view(sock: socket.socket, view: memoryview,
