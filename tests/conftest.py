@@ -162,6 +162,16 @@ def on_agents(agents: Agents, accelerator: str = "tpu-v5litepod-4", **kw):
                           token=agents.token, **kw)
 
 
+@pytest.fixture(scope="module")
+def pair():
+    """Two agents of a slice, shared by a module's tests; no spare workers (a
+    test may find a job's workers by the environment they started with, and a
+    spare starts before its job)."""
+    agents = Agents(2, devices=2, extra=["--spare-workers", "0"])
+    yield agents
+    agents.stop()
+
+
 @pytest.fixture
 def no_leftover_workers():
     """Fails the test if a worker process outlives it: the gateway confirms every

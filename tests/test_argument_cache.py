@@ -23,13 +23,6 @@ pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.fixture(scope="module")
-def pair():
-    agents = Agents(2, devices=2, extra=["--spare-workers", "0"])
-    yield agents
-    agents.stop()
-
-
-@pytest.fixture(scope="module")
 def pair_without_data_ports():
     agents = Agents(2, devices=2, extra=["--spare-workers", "0", "--data-port", "-1"])
     yield agents

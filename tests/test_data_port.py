@@ -23,13 +23,6 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.fixture(scope="module")
-def pair():
-    agents = Agents(2, devices=2, extra=["--spare-workers", "0"])
-    yield agents
-    agents.stop()
-
-
 @pytest.fixture
 def fresh_memory(monkeypatch):
     """This process has not yet found any data port unreachable."""

@@ -22,15 +22,6 @@ from remote_tpu._core.serialization import dumps_call
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    # These tests find a job's workers by the environment they were started
-    # with (_workers_of): a spare worker is started before its job, so not here.
-    agents = Agents(2, extra=["--spare-workers", "0"])
-    yield agents
-    agents.stop()
-
-
 def _on(agents, accelerator="tpu-v4-16", **kw):
     return remote_tpu.run(accelerator=accelerator, hosts=agents.addresses[0],
                           token=agents.token, **kw)
