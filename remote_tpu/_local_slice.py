@@ -11,6 +11,7 @@ each worker likewise dies with its agent.
 from __future__ import annotations
 
 import atexit
+import glob
 import logging
 import os
 import shutil
@@ -45,6 +46,30 @@ def _cache_bytes(hosts: int) -> int:
     return max(64 << 20, min(8 << 30, int(total * _CACHE_SHARE) // hosts))
 
 
+_PREFIX = "remote-tpu-local-"
+_OWNER_FILE = "client.pid"
+
+
+def _sweep_abandoned() -> None:
+    """Remove the files of local slices whose client process is gone without
+    removing them (killed: its exit handlers never ran)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), _PREFIX + "*")):
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            with open(os.path.join(path, _OWNER_FILE)) as f:
+                pid = int(f.read())
+        except (OSError, ValueError):
+            continue                 # not ours to judge
+        try:
+            os.kill(pid, 0)
+            continue                 # its client runs (or the pid is another's now)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
+
+
 class LocalSlice:
     """``hosts`` simulated hosts; with ``num_slices`` > 1, that many slices of
     ``hosts`` hosts each (N x hosts agents, worker ids 0.. in each slice)."""
@@ -53,7 +78,10 @@ class LocalSlice:
         self.per_slice = hosts
         self.hosts = hosts * num_slices
         self.devices_per_host = devices_per_host
-        self.log_dir = tempfile.mkdtemp(prefix="remote-tpu-local-")
+        _sweep_abandoned()
+        self.log_dir = tempfile.mkdtemp(prefix=_PREFIX)
+        with open(os.path.join(self.log_dir, _OWNER_FILE), "w") as f:
+            f.write(str(os.getpid()))
         self.procs: list[subprocess.Popen] = []
         self.addresses: list[str] = []
         # A fresh secret per client process: other local users cannot use these agents.

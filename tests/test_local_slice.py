@@ -374,3 +374,31 @@ def test_a_stopped_local_slice_leaves_no_files():
     finally:
         s.stop()
     assert not os.path.exists(s.log_dir)
+
+
+@pytest.mark.timeout(120)
+def test_the_files_of_a_killed_clients_slice_are_removed_by_the_next():
+    """A client killed outright runs no exit handler: its slice's files stay,
+    until the next local slice on this machine finds its client gone."""
+    import subprocess
+
+    from remote_tpu._local_slice import LocalSlice
+
+    code = textwrap.dedent("""
+        import os, signal, sys
+        from remote_tpu._local_slice import LocalSlice
+        s = LocalSlice(hosts=1, devices_per_host=1)
+        s.start()
+        print(s.log_dir, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=90)
+    left = proc.stdout.strip()
+    assert proc.returncode == -signal.SIGKILL and os.path.isdir(left), proc.stderr
+    s = LocalSlice(hosts=1, devices_per_host=1)
+    try:
+        assert not os.path.exists(left)
+        assert os.path.isdir(s.log_dir)          # its own, with its client alive, stays
+    finally:
+        s.stop()
