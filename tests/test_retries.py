@@ -56,6 +56,20 @@ def test_retries_options():
         Retries(failures=-1)
 
 
+@pytest.mark.parametrize("preemptions, failures, ok", [
+    (200, 0, True), (0, 200, True), (100, 100, True),      # exactly the limit
+    (201, 0, False), (100, 101, False), (10**9, 10**9, False)])
+def test_at_most_200_retries_in_all(preemptions, failures, ok):
+    """The bound that keeps every status's list of attempts bounded."""
+    if ok:
+        assert Retries(preemptions=preemptions, failures=failures, backoff=0)
+        return
+    with pytest.raises(ConfigurationError, match="at most 200 retries in all"):
+        Retries(preemptions=preemptions, failures=failures)
+    with pytest.raises(ConfigurationError, match="at most 200 retries in all"):
+        coerce(preemptions + failures)
+
+
 @pytest.fixture(scope="module")
 def agents():
     a = Agents(2)
