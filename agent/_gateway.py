@@ -127,7 +127,7 @@ class GatewayRole:
                  pb.STREAM_MODE_NONE: []}.get(spec.stream, [0])
         try:
             yield from watch(record, hosts, [], follow=True, context=context, with_end=False)
-            yield from result_events(record, self._host.data_port
+            yield from result_events(record, self._host.data_port()
                                      if spec.result_over_data_port else None)
         finally:
             if not record.result_ticketed:     # else the ticket's transfer says so

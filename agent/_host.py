@@ -37,4 +37,5 @@ class Host:
     envs: Envs
     output_interval: float = 30.0       # seconds between uploads of output_dir= files
     simulated: bool = False             # JAX on CPU (--simulate-devices): no jax[tpu]
-    data_port: DataPort | None = None   # bulk bytes beside gRPC (none with TLS)
+    # Bulk bytes beside gRPC (none with TLS), once opened (after the gRPC port).
+    data_port: Callable[[], DataPort | None] = lambda: None

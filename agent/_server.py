@@ -27,6 +27,7 @@ import grpc
 from remote_tpu._core.addresses import host_of, join_host_port
 from remote_tpu._core.multislice import disagreement
 from remote_tpu._core.channels import channel_options
+from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._core.states import phase_name
@@ -80,7 +81,7 @@ class AgentService(pb_grpc.AgentServicer):
                              self.state_dir, config.spare_workers)
         self.blobs = BlobCache(config.cache_dir or default_dir(self.state_dir),
                                config.cache_bytes)
-        self.data_port = _data_port(config)
+        self.data_port: DataPort | None = None     # opened once the gRPC port is bound
         host = Host(store=self.store, uploads=uploads, blobs=self.blobs, tpu=self.tpu,
                     spares=self.spares,
                     endpoint=lambda: self.endpoint, env_for=self._env_for,
@@ -90,7 +91,8 @@ class AgentService(pb_grpc.AgentServicer):
                         os.path.join(self.state_dir, "pythons"), config.pythons,
                         config.python_downloads)),
                     output_interval=config.output_interval,
-                    simulated=bool(config.simulate_devices), data_port=self.data_port)
+                    simulated=bool(config.simulate_devices),
+                    data_port=lambda: self.data_port)
         self.gateway = GatewayRole(config=config, host=host, advertise=self.address)
         self.scheduler = self.gateway.scheduler
         self.peer = PeerRole(host)
@@ -320,9 +322,9 @@ def _data_port(config: AgentConfig) -> DataPort | None:
     try:
         return DataPort(config.host, config.data_port)
     except OSError as exc:
-        raise OSError(f"could not open the data port {config.host}:{config.data_port} "
-                      f"({exc}): choose another with --data-port, or none with "
-                      "--data-port -1") from exc
+        raise ConfigurationError(
+            f"could not open the data port {config.host}:{config.data_port} ({exc}): "
+            "choose another with --data-port, or none with --data-port -1") from exc
 
 
 def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:
@@ -353,4 +355,6 @@ def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:
     if port == 0:
         raise OSError(f"could not bind {config.host}:{config.port}")
     service.port = port
+    # After the gRPC port: a free port the kernel picks can then never be it.
+    service.data_port = _data_port(config)
     return server, port, service

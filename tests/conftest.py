@@ -82,6 +82,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (each held until all are chosen)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 class Agents:
     """Real `remote-tpu-agent` daemons on loopback, as a user would start them."""
 
@@ -89,7 +101,10 @@ class Agents:
                  tokens: list[str] | None = None, extra: list[str] | None = None) -> None:
         self.tokens = tokens or [new_token()] * n
         self.token = self.tokens[0]
-        self.ports = [free_port() for _ in range(n)]
+        # Every agent's gRPC and data ports chosen at once: an agent left to
+        # pick its data port itself could take one chosen here for another.
+        ports = free_ports(2 * n)
+        self.ports, self.data_ports = ports[:n], ports[n:]
         self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
         self.procs = []
         self.logs = []
@@ -98,7 +113,8 @@ class Agents:
         for i, port in enumerate(self.ports):
             cmd = [sys.executable, "-m", "remote_tpu_agent", "--port", str(port),
                    "--worker-id", str(i), "--simulate-devices", str(devices),
-                   "--state-dir", self.state_dirs[i], "--log-level", "WARNING"]
+                   "--state-dir", self.state_dirs[i], "--log-level", "WARNING",
+                   "--data-port", str(self.data_ports[i])]
             if peers:
                 cmd += ["--peers", ",".join(self.addresses)]
             cmd += extra or []
