@@ -119,24 +119,19 @@ def result(record: JobRecord, data_port: DataPort | None = None) -> Iterator[pb.
             yield pb.Event(host=0, result_size=len(data))
             for start in range(0, len(data), CHUNK_SIZE):
                 yield pb.Event(host=0, result_chunk=data[start:start + CHUNK_SIZE])
-        elif data_port is not None:
+        else:
             with _open_result(record) as f:
-                size = os.fstat(f.fileno()).st_size
-            ticket = _result_ticket(record, data_port)
-            yield pb.Event(host=0, result_size=size)
+                yield pb.Event(host=0, result_size=os.fstat(f.fileno()).st_size)
+            ticket = None if data_port is None else _result_ticket(record, data_port)
             if ticket is not None:
                 yield pb.Event(host=0, result_ticket=ticket)
             else:
                 yield from _result_chunks(record)
-        else:
-            yield from _result_chunks(record, with_size=True)
     yield pb.Event(host=0, end=record.status.end)
 
 
-def _result_chunks(record: JobRecord, with_size: bool = False) -> Iterator[pb.Event]:
+def _result_chunks(record: JobRecord) -> Iterator[pb.Event]:
     with _open_result(record) as f:
-        if with_size:
-            yield pb.Event(host=0, result_size=os.fstat(f.fileno()).st_size)
         while chunk := f.read(CHUNK_SIZE):
             yield pb.Event(host=0, result_chunk=chunk)
     if record.result_ticketed:      # its caller could not use the ticket, and read it here

@@ -92,7 +92,7 @@ class JobStore:
         # Finished jobs, oldest first: key -> [job_id, role, bytes (None: to be
         # measured), its small value's bytes]. Pruning reads this, not the table
         # (a query over every finished job cost 0.3-0.6 ms per job here).
-        self._done: collections.OrderedDict[str, list] | None = None
+        self._done: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._mark_lost()
         self._done = collections.OrderedDict(
             (self._key(job_id, role), [job_id, role, size, kept]) for job_id, role, size, kept
@@ -192,12 +192,11 @@ class JobStore:
         self._unsaved.pop(key, None)
         if phase in FINISHED:
             self._live.pop(key, None)
-            if self._done is not None:
-                with self._done_lock:
-                    entry = self._done.setdefault(key, [record.job_id, record.role, None, 0])
-                    entry[2] = None                  # (the save set its bytes to NULL)
-                    if record.result is not None:
-                        entry[3] = len(record.result)
+            with self._done_lock:
+                entry = self._done.setdefault(key, [record.job_id, record.role, None, 0])
+                entry[2] = None                  # (the save set its bytes to NULL)
+                if record.result is not None:
+                    entry[3] = len(record.result)
 
     def list(self, role: int = pb.ROLE_GATEWAY, limit: int = 0) -> list[pb.JobStatus]:
         rows = self._sql("SELECT job_id, role, spec, status FROM jobs WHERE role = ? "
@@ -215,7 +214,7 @@ class JobStore:
         caller can always collect the result of the job that just ended)."""
         with self._prune_lock:
             with self._done_lock:
-                done = list(reversed(self._done.values())) if self._done else []
+                done = list(reversed(self._done.values()))
             total = 0
             for i, entry in enumerate(done):
                 job_id, role, size, kept = entry
@@ -250,7 +249,7 @@ class JobStore:
     def measure_again(self, record: JobRecord) -> None:
         """A finished job's files changed (its value arrived): count them anew."""
         with self._done_lock:
-            entry = (self._done or {}).get(self._key(record.job_id, record.role))
+            entry = self._done.get(self._key(record.job_id, record.role))
             if entry is not None:
                 entry[2] = None
         try:
@@ -268,8 +267,7 @@ class JobStore:
             log.warning("job %s: cannot delete its record: %s", job_id, exc)
             return
         with self._done_lock:
-            if self._done is not None:
-                self._done.pop(self._key(job_id, role), None)
+            self._done.pop(self._key(job_id, role), None)
         shutil.rmtree(self._dir(job_id, role), ignore_errors=True)
         shutil.rmtree(self._outputs_dir(job_id), ignore_errors=True)
 

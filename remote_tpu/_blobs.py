@@ -31,7 +31,7 @@ def _chunks(ref: pb.BlobRef, blob: memoryview, target: Target,
             progress: Progress | None = None) -> Iterator[pb.BlobChunk]:
     forward = list(target.hosts[1:])
     yield pb.BlobChunk(blob=ref, forward_to=forward, to_slice=not forward)
-    view = blob.cast("B") if blob.ndim != 1 or blob.format != "B" else blob
+    view = data_wire.byte_view(blob)
     for start in range(0, view.nbytes, CHUNK_SIZE):
         if progress is not None:
             progress(start)

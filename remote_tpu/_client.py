@@ -127,8 +127,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         allow_jax_requirements=options.allow_jax_requirements,
         data=data, gcs_data=gcs, keep_going=options.keep_going,
         profile_seconds=options.profile,
-        result_over_data_port=(target.credentials.tls is None and   # (it has no TLS)
-                               data_wire.usable(target.gateway)),
+        result_over_data_port=data_wire.worth_trying(target.gateway, target.credentials),
     )
     retries = options.retries
     if retries is not None and submitted:       # its gateway tries it again (_attempts)

@@ -201,8 +201,7 @@ class JobHandle:
                 f"{self._id} is a warm session's entry: it has no value of its own (each "
                 "call in it has its own job and value)")
         self.wait(timeout)
-        port = (self._target.credentials.tls is None        # (the data port has no TLS)
-                and data_wire.usable(self._target.gateway))
+        port = data_wire.worth_trying(self._target.gateway, self._target.credentials)
         stream = self._stream("Result", pb.JobRef(job_id=self._id, data_port=port))
         return outcome(stream, OutputRenderer("none"), gateway=self._target.gateway,
                        job_id=self._id, accelerator=self._accelerator_name(),

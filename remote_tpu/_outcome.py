@@ -13,7 +13,6 @@ from ._core import data_wire, digests
 from ._core.channels import error_from_rpc
 from ._core.exceptions import (AgentUnavailableError, JobFailedError, JobTimeoutError,
                                RemoteError, RemoteTraceback, SerializationError)
-from ._core.limits import CHUNK_SIZE
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import loads
 from ._core.remote_exceptions import rebuild_exception
@@ -164,12 +163,7 @@ class _Value:
         try:
             with sock:
                 sock.sendall(ticket.ticket)
-                while self._pos < self._size:
-                    got = sock.recv_into(view[self._pos:], min(self._size - self._pos,
-                                                               CHUNK_SIZE))
-                    if not got:
-                        break
-                    self._pos += got
+                self._pos += data_wire.fill(sock, view[self._pos:self._size])
                 trouble = data_wire.read_reply(sock) if self._pos == self._size else b""
         except OSError:
             self._pos = 0

@@ -57,6 +57,12 @@ class Unreachable(Exception):
         self.lasting = lasting
 
 
+def worth_trying(address: str, credentials) -> bool:
+    """Whether to move bulk bytes to or from the agent at ``address`` over its
+    data port: not with TLS (the port has none), nor once it proved unusable."""
+    return credentials.tls is None and usable(address)
+
+
 def usable(address: str) -> bool:
     """Whether the data port of the agent at ``address`` is worth asking for:
     not once it could not be reached from this process (each ticket asked for
@@ -106,7 +112,7 @@ def put_blob(stub, address: str, credentials, request: pb.BlobChunk,
     ``request`` says which (no data), ``write(sock)`` sends its bytes. Its
     reply; None where the data port cannot be used (the caller then sends it
     with PutBlob). gRPC errors of asking for the ticket are raised."""
-    if credentials.tls is not None or not usable(address):
+    if not worth_trying(address, credentials):
         return None
     try:
         ticket = stub.OpenBlob(request, timeout=30, metadata=credentials.metadata)
@@ -200,10 +206,27 @@ class Heartbeat:
         self._thread.join()
 
 
+def byte_view(view: memoryview) -> memoryview:
+    """``view`` as a flat view of bytes (an array's buffer may have another shape)."""
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+
+
+def fill(sock: socket.socket, view: memoryview) -> int:
+    """Receive into ``view`` until it is full or the sender closes; how many
+    bytes came."""
+    got = 0
+    while got < len(view):
+        k = sock.recv_into(view[got:])
+        if not k:
+            break
+        got += k
+    return got
+
+
 def send_view(sock: socket.socket, view: memoryview,
               progress: Callable[[int], None] | None = None) -> None:
     """Send ``view``'s bytes, from its own memory (no copy here)."""
-    view = view.cast("B") if view.ndim != 1 or view.format != "B" else view
+    view = byte_view(view)
     for start in range(0, view.nbytes, CHUNK_SIZE):
         if progress is not None:
             progress(start)
@@ -226,13 +249,10 @@ class Incoming:
         while self.received < self.size:
             want = min(CHUNK_SIZE, self.size - self.received)
             view = shared[:want] if shared is not None else memoryview(bytearray(want))
-            got = 0
-            while got < want:
-                k = self._sock.recv_into(view[got:])
-                if not k:
-                    return             # the sender went away: the caller sees it short
-                got += k
+            got = fill(self._sock, view)
             self.received += got
+            if got < want:
+                return                 # the sender went away: the caller sees it short
             yield view if shared is not None else view.obj
 
     def drain(self, limit: float = 30.0) -> None:
