@@ -39,6 +39,7 @@ class AgentConfig:
     max_log_bytes: int = DEFAULT_MAX_LOG_BYTES       # per host and job: head and tail kept
     max_store_bytes: int = DEFAULT_MAX_STORE_BYTES   # every finished job's files together
     spare_workers: int = 1              # started ahead of their job (see _spares)
+    light_spares: bool = False          # ... never with jax imported
     cache_bytes: int = 8 << 30          # the argument cache (see _blobs)
     cache_dir: str = ""                 # "" = /dev/shm where there is one, else state_dir
     data_port: int = 0                  # bulk bytes (see _data_port): 0 = any free, -1 = none

@@ -57,6 +57,7 @@ class WorkerRun:
                  spares: Spares | None = None) -> None:
         self.host = host
         self._spares = spares
+        self._adopted = False             # its process was a spare (``_spares``)
         self.call = call
         self.warm = warm
         self.calls = 1                    # calls this process has been given
@@ -94,6 +95,7 @@ class WorkerRun:
     def start(self) -> None:
         """Start the worker (or adopt this agent's spare) and hand it its call."""
         spare = self._spares.take(self._env) if self._spares is not None else None
+        self._adopted = spare is not None
         if spare is not None:        # already up, jax imported: the call only adds
             self.proc, self._control_w = spare.proc, spare.control_w
             self._status_r, out_r, err_r = spare.status_r, spare.out_r, spare.err_r
@@ -361,5 +363,7 @@ class WorkerRun:
         own = os.path.dirname(self._stacks_path)
         if own != self.call.job_dir:            # the worker's own files go with it
             shutil.rmtree(own, ignore_errors=True)
+        if self._adopted and self._spares is not None:
+            self._spares.replace()              # the next job's spare, from now
         if was_parked and self.on_parked_exit is not None:
             self.on_parked_exit()

@@ -78,7 +78,7 @@ class AgentService(pb_grpc.AgentServicer):
                                       config.tpu_devices, config.kill_tpu_holders)
         self._worker_base_env = passed_environment(os.environ, config.pass_env)
         self.spares = Spares(spare_env(self._worker_base_env, config.simulate_devices),
-                             self.state_dir, config.spare_workers)
+                             self.state_dir, config.spare_workers, config.light_spares)
         self.blobs = BlobCache(config.cache_dir or default_dir(self.state_dir),
                                config.cache_bytes)
         self.data_port: DataPort | None = None     # opened once the gRPC port is bound

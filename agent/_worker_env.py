@@ -279,8 +279,8 @@ def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
     # spec.env); always set, so a warm worker never keeps an earlier job's.
     if spec.HasField("retries") or "REMOTE_TPU_ATTEMPT" not in spec.env:
         env["REMOTE_TPU_ATTEMPT"] = str(spec.attempt)
-    if spec.skip_jax_init:
-        env[_worker.ENV_INIT_JAX] = "0"
+    # Always set: a spare started without JAX (``_spares``) reads it at its call.
+    env[_worker.ENV_INIT_JAX] = "0" if spec.skip_jax_init else "1"
     timeouts = spec.jax_timeouts
     if timeouts.initialization_seconds:
         env[_worker.ENV_INIT_TIMEOUT] = str(timeouts.initialization_seconds)

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 
 _READY_PREFIX = "remote-tpu-agent listening on "
 _START_TIMEOUT = 60.0
-# A spare worker imports jax ahead of its job (~1 s of CPU and ~100 MB each):
-# worth it for a few simulated hosts, not for 64 on one machine.
+# A spare worker imports jax ahead of its job (~0.8 s of CPU and ~150 MB each):
+# worth it for a few simulated hosts, not for 64 on one machine, whose agents
+# keep light spares (no jax: 0.1 s and 19 MB each).
 _SPARES_UP_TO_HOSTS = 8
 # All the simulated hosts' argument caches together (in memory) take at most
 # this share of the machine's memory.
@@ -96,7 +97,8 @@ class LocalSlice:
                  "--simulate-devices", str(self.devices_per_host),
                  "--state-dir", os.path.join(self.log_dir, f"state-{i}"),
                  "--exit-with-stdin", "--log-level", "WARNING",
-                 "--spare-workers", "1" if self.hosts <= _SPARES_UP_TO_HOSTS else "0",
+                 "--spare-workers", "1",
+                 *([] if self.hosts <= _SPARES_UP_TO_HOSTS else ["--light-spares"]),
                  "--cache-bytes", str(_cache_bytes(self.hosts))],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
                 start_new_session=True, env={**os.environ, TOKEN_ENV: self.credentials.token},

@@ -41,7 +41,7 @@ def test_64_hosts_run_and_each_host_s_output_comes_back(big_slice, capfd):
         print(f"hello from {os.environ['REMOTE_TPU_HOST_INDEX']}")
         return int(os.environ["REMOTE_TPU_NUM_HOSTS"]), "jax" in sys.modules
 
-    assert hello() == (64, False)        # no spares on so large a local slice: no jax
+    assert hello() == (64, False)        # light spares on so large a local slice: no jax
     out = capfd.readouterr().out
     said = {int(h): int(i) for h, i in re.findall(r"\[host (\d+)\] hello from (\d+)", out)}
     assert said == {i: i for i in range(64)}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import psutil
 import pytest
@@ -73,6 +74,35 @@ def test_a_cold_call_runs_in_the_spare_and_a_new_one_is_started(lone):
     pid = _on(lone)(os.getpid)()
     assert pid == spare.pid                    # the call ran in the spare
     assert _one_spare(agent, other_than=pid).pid != pid
+
+
+def _settled(proc: psutil.Process) -> bool:
+    """Its start-up is over: no CPU used for half a second."""
+    before = sum(proc.cpu_times()[:2])
+    time.sleep(0.5)
+    return sum(proc.cpu_times()[:2]) == before
+
+
+@pytest.mark.slow
+def test_after_a_call_without_jax_the_spare_is_light_and_still_runs_a_jax_call(lone):
+    agent = lone.procs[0].pid
+    first = _one_spare(agent)
+    assert _on(lone, init_jax=False)(os.getpid)() == first.pid
+    light = _one_spare(agent, other_than=first.pid)
+    assert wait_until(lambda: _settled(light), timeout=30)
+    assert b"REMOTE_TPU_INIT_JAX=0" in open(f"/proc/{light.pid}/environ", "rb").read()
+    assert not [m.path for m in light.memory_maps() if "jaxlib" in m.path]   # never imported
+
+    def with_jax():
+        import os
+
+        import jax
+        return os.getpid(), jax.process_count()
+
+    assert _on(lone)(with_jax)() == (light.pid, 1)        # jax imported in the call
+    heavy = _one_spare(agent, other_than=light.pid)       # a JAX job: the next has jax
+    assert wait_until(lambda: [m for m in heavy.memory_maps() if "jaxlib" in m.path],
+                      timeout=60)
 
 
 @pytest.mark.slow
