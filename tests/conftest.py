@@ -203,6 +203,10 @@ def _private_config_home(tmp_path_factory):
     real home of whoever runs the tests."""
     old = os.environ.get("XDG_CONFIG_HOME")
     os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("config-home"))
+    # Every temporary file of the tests and of the agents and clients they
+    # start goes under pytest's own directory (it keeps the last three runs'):
+    # what a test that fails midway leaves behind does not pile up in /tmp.
+    os.environ["TMPDIR"] = tempfile.tempdir = str(tmp_path_factory.mktemp("tmp"))
     os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state-home"))
     for name in ("REMOTE_TPU_TOKEN", "REMOTE_TPU_TOKEN_FILE", "REMOTE_TPU_TLS_CA",
                  "REMOTE_TPU_HOSTS"):

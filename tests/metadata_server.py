@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,6 +125,7 @@ class MetadataSlice:
             proc.stdout.close()
         for server in self.servers:
             server.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class TpuApiStandIn(HttpStandIn):
