@@ -55,7 +55,8 @@ def checked_spec(requests: Iterator[pb.RunRequest], context: grpc.ServicerContex
         spec = _read_spec(requests, endpoint, max_payload_bytes)
         if role is not None and spec.role != role:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
-                          "Submit takes gateway jobs only")
+                          "Submit and RunInline take gateway jobs only (a gateway calls "
+                          "each of its peers with Run)")
         return spec
     except Refused as r:
         abort(context, r)

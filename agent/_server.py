@@ -170,6 +170,18 @@ class AgentService(pb_grpc.AgentServicer):
             yield from self._in_slot(self.streams, context,
                                      self.gateway.run_attached(spec, request_iterator, context))
 
+    def RunInline(self, request: pb.RunRequest, context: grpc.ServicerContext
+                  ) -> Iterator[pb.Event]:
+        """Run, its one request carrying the spec and the payload inside it."""
+        spec = self._spec(iter((request,)), context, pb.ROLE_GATEWAY)
+        if len(spec.payload) != spec.payload_size:
+            abort(context, Refused(
+                grpc.StatusCode.INVALID_ARGUMENT, "protocol",
+                f"RunInline carries its payload inside its JobSpec ({len(spec.payload)} of "
+                f"{spec.payload_size} bytes there): a larger one is sent with Run"))
+        yield from self._in_slot(self.streams, context,
+                                 self.gateway.run_attached(spec, iter(()), context))
+
     def HaveBlobs(self, request: pb.BlobQuery, context: grpc.ServicerContext
                   ) -> pb.BlobPresence:
         return pb.BlobPresence(present=[self.blobs.has(ref) for ref in request.blobs],

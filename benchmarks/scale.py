@@ -5,7 +5,11 @@ resident memory while idle.
     .venv/bin/python benchmarks/scale.py [--calls 5] [--sizes tpu-v4-32,tpu-v4-512]
 
 For each slice: the median of --calls cold calls (a new worker on every host
-each time) and of as many warm ones (keep_warm: the workers stay), then the
+each time: each once the machine is quiet, the spares that the call before used
+replaced, as for a user who calls now and then; 64 simulated hosts' spares take
+a few seconds of this machine's CPU to replace, where a real slice's hosts
+replace theirs each on its own) and of as many warm ones (keep_warm: the
+workers stay), then the
 ratio of the 64-host median to the 4-host one (issue 11: target <= 3x), and
 the largest and median idle agent RSS (target <= 60 MB).
 """
@@ -21,11 +25,14 @@ import psutil
 import remote_tpu
 from remote_tpu._core.topology import Topology
 from remote_tpu._local_slice import get_local_slice, stop_local_slices
+from _quiet import wait_quiet
 
 
-def _timed(fn, calls: int) -> float:
+def _timed(fn, calls: int, quiet: bool = False) -> float:
     samples = []
     for _ in range(calls):
+        if quiet:
+            wait_quiet()
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)
@@ -54,9 +61,9 @@ def measure(accelerator: str, calls: int) -> tuple[float, float, list[float]]:
     assert cold() == 0                       # starts the agents
     print(f"  {accelerator}: {hosts} agents up and a first call in "
           f"{time.perf_counter() - started:.1f} s", flush=True)
-    time.sleep(2)
+    wait_quiet()
     rss = _idle_rss_mb(accelerator)
-    cold_median = _timed(cold, calls)
+    cold_median = _timed(cold, calls, quiet=True)
     warm()
     warm_median = _timed(warm, calls)
     warm.release()

@@ -7,7 +7,8 @@ A server process and this process, on loopback, no auth, 1-byte messages:
 
 - a unary call (request, reply);
 - a fresh stream-stream call (one request, three replies): what a warm call's
-  client -> gateway hop pays (``Run``);
+  client -> gateway hop pays (``Run``), and the same as a unary-stream call
+  (``RunInline``: a call whose payload fits in its one request);
 - one message each way on a stream-stream call that stays open: what each
   gateway -> peer hop of a warm session pays.
 
@@ -44,6 +45,10 @@ def _serve(ports: multiprocessing.Queue) -> None:
         for _ in range(3):
             yield b"y"
 
+    def fresh_unary(request, context):
+        for _ in range(3):
+            yield b"y"
+
     def open_stream(requests, context):
         for _ in requests:
             yield b"y"
@@ -51,6 +56,7 @@ def _serve(ports: multiprocessing.Queue) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Floor", {
         "Unary": grpc.unary_unary_rpc_method_handler(unary, _same, _same),
         "Fresh": grpc.stream_stream_rpc_method_handler(fresh, _same, _same),
+        "FreshUnary": grpc.unary_stream_rpc_method_handler(fresh_unary, _same, _same),
         "Open": grpc.stream_stream_rpc_method_handler(open_stream, _same, _same),
     }),))
     ports.put(server.add_insecure_port("127.0.0.1:0"))
@@ -73,6 +79,7 @@ def main() -> None:
     channel = grpc.insecure_channel(f"127.0.0.1:{ports.get(timeout=30)}")
     unary = channel.unary_unary("/floor.Floor/Unary", _same, _same)
     fresh = channel.stream_stream("/floor.Floor/Fresh", _same, _same)
+    fresh_unary = channel.unary_stream("/floor.Floor/FreshUnary", _same, _same)
     requests: queue.Queue = queue.Queue()
     open_call = channel.stream_stream("/floor.Floor/Open", _same, _same)(
         iter(requests.get, None))
@@ -84,6 +91,7 @@ def main() -> None:
     me, there = psutil.Process(), psutil.Process(server.pid)
     for name, one in (("unary call", lambda: unary(b"x")),
                       ("fresh stream-stream call, 3 replies", lambda: list(fresh(iter([b"x"])))),
+                      ("fresh unary-stream call, 3 replies", lambda: list(fresh_unary(b"x"))),
                       ("round trip on an open stream", round_trip)):
         for _ in range(50):
             one()

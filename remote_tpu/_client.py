@@ -252,16 +252,30 @@ class _StartedRun:
         self._stream.cancel()
 
 
+# Gateways that do not know RunInline (an older agent): they get Run.
+_without_run_inline: set[str] = set()
+
+
 def _start_run(target: Target, spec: pb.JobSpec, payload: Payload,
                status: LiveStatus | None = None) -> _StartedRun:
     """One attempt at Run, up to its first event. ``stub.Run`` only starts the
     call: a refused connection surfaces when the stream is first read, so that
     read belongs to the attempt; once an event has arrived, nothing is retried.
-    Each attempt sends the payload from its start."""
-    stream = target.stub().Run(_requests(spec, payload, status),
-                               metadata=target.credentials.metadata)
+    Each attempt sends the payload from its start. A payload small enough to
+    go inside the spec goes with RunInline, its one request."""
+    stub, metadata = target.stub(), target.credentials.metadata
+    inline = payload.nbytes <= INLINE_BYTES and target.gateway not in _without_run_inline
+    if inline:
+        stream = stub.RunInline(next(_requests(spec, payload)), metadata=metadata)
+    else:
+        stream = stub.Run(_requests(spec, payload, status), metadata=metadata)
     try:
         first = next(stream, None)
+    except grpc.RpcError as exc:
+        if not (inline and exc.code() == grpc.StatusCode.UNIMPLEMENTED):
+            raise
+        _without_run_inline.add(target.gateway)
+        return _start_run(target, spec, payload, status)
     except BaseException:
         stream.cancel()          # Ctrl-C before the first event: the job stops too
         raise

@@ -46,6 +46,11 @@ class AgentStub:
                 request_serializer=remote__tpu__pb2.RunRequest.SerializeToString,
                 response_deserializer=remote__tpu__pb2.Event.FromString,
                 _registered_method=True)
+        self.RunInline = channel.unary_stream(
+                '/remote_tpu.v1.Agent/RunInline',
+                request_serializer=remote__tpu__pb2.RunRequest.SerializeToString,
+                response_deserializer=remote__tpu__pb2.Event.FromString,
+                _registered_method=True)
         self.Submit = channel.stream_unary(
                 '/remote_tpu.v1.Agent/Submit',
                 request_serializer=remote__tpu__pb2.RunRequest.SerializeToString,
@@ -131,6 +136,15 @@ class AgentServicer:
         JobEnd. A client calls its gateway with ROLE_GATEWAY (the job is queued,
         run, and cancelled if the caller goes away); the gateway calls each peer
         with ROLE_PEER.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RunInline(self, request, context):
+        """Run, for a client's call whose payload travels inside its JobSpec: the one
+        request, so no request stream (measured 0.4 ms and 0.85 ms of CPU less
+        per call than Run). ROLE_GATEWAY only: a peer's call carries controls.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -242,6 +256,11 @@ def add_AgentServicer_to_server(servicer, server):
             ),
             'Run': grpc.stream_stream_rpc_method_handler(
                     servicer.Run,
+                    request_deserializer=remote__tpu__pb2.RunRequest.FromString,
+                    response_serializer=remote__tpu__pb2.Event.SerializeToString,
+            ),
+            'RunInline': grpc.unary_stream_rpc_method_handler(
+                    servicer.RunInline,
                     request_deserializer=remote__tpu__pb2.RunRequest.FromString,
                     response_serializer=remote__tpu__pb2.Event.SerializeToString,
             ),
@@ -365,6 +384,33 @@ class Agent:
             request_iterator,
             target,
             '/remote_tpu.v1.Agent/Run',
+            remote__tpu__pb2.RunRequest.SerializeToString,
+            remote__tpu__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunInline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/RunInline',
             remote__tpu__pb2.RunRequest.SerializeToString,
             remote__tpu__pb2.Event.FromString,
             options,

@@ -1,0 +1,119 @@
+"""RunInline: a call whose payload fits in its one request goes without a
+request stream; a larger one goes with Run; an agent that does not know
+RunInline (an older one) is called with Run."""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+
+from conftest import Agents, on_agents
+from remote_tpu import _client
+from remote_tpu._core import digests
+from remote_tpu._core.channels import Credentials, stub
+from remote_tpu._core.limits import INLINE_BYTES
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+pytestmark = pytest.mark.timeout(120)
+
+SERVICE = "remote_tpu.v1.Agent"
+
+
+@pytest.fixture(scope="module")
+def lone():
+    agents = Agents(1, peers=False, extra=["--spare-workers", "0"])
+    yield agents
+    agents.stop()
+
+
+class _OlderAgent:
+    """A real agent behind a gRPC proxy that forwards every method but
+    RunInline, as an agent from before RunInline answers: UNIMPLEMENTED."""
+
+    def __init__(self, behind: str) -> None:
+        self.channel = grpc.insecure_channel(behind)
+        self.calls: list[str] = []
+        handlers = {}
+        for method in pb.DESCRIPTOR.services_by_name["Agent"].methods:
+            if method.name == "RunInline":
+                continue
+            handlers[method.name] = self._forward(method)
+        self.server = grpc.server(futures.ThreadPoolExecutor(16))
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+        self.server.start()
+
+    def _forward(self, method):
+        path = f"/{SERVICE}/{method.name}"
+        kind = (method.client_streaming, method.server_streaming)
+        same = (None, None)          # raw bytes both ways
+        make = {(False, False): (self.channel.unary_unary, grpc.unary_unary_rpc_method_handler),
+                (False, True): (self.channel.unary_stream, grpc.unary_stream_rpc_method_handler),
+                (True, False): (self.channel.stream_unary, grpc.stream_unary_rpc_method_handler),
+                (True, True): (self.channel.stream_stream,
+                               grpc.stream_stream_rpc_method_handler)}[kind]
+        there = make[0](path, *same)
+
+        def relay(request, context):
+            self.calls.append(method.name)
+            return there(request, metadata=context.invocation_metadata())
+        return make[1](relay, *same)
+
+    def stop(self) -> None:
+        self.server.stop(0)
+        self.channel.close()
+
+
+def _run_inline(agents: Agents, spec: pb.JobSpec) -> grpc.RpcError:
+    credentials = Credentials(token=agents.token)
+    with pytest.raises(grpc.RpcError) as raised:
+        list(stub(agents.addresses[0], credentials).RunInline(
+            pb.RunRequest(spec=spec), metadata=credentials.metadata))
+    return raised.value
+
+
+def test_a_small_call_and_a_large_one_both_run(lone):
+    call = on_agents(lone, stream="none")(lambda a: int(a.sum()))
+    assert call(np.ones(4, np.uint8)) == 4                          # inside its spec
+    big = np.ones(INLINE_BYTES + 1, np.uint8)                       # one byte past it
+    assert call(big) == INLINE_BYTES + 1
+
+
+def test_an_agent_without_run_inline_is_called_with_run(lone):
+    older = _OlderAgent(lone.addresses[0])
+    try:
+        _client._without_run_inline.discard(older.address)
+        import remote_tpu
+        call = remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=older.address,
+                              token=lone.token, stream="none")(lambda: 7)
+        assert call() == 7
+        assert call() == 7
+        assert older.address in _client._without_run_inline
+        assert older.calls.count("Run") == 2      # the first after UNIMPLEMENTED; then at once
+    finally:
+        older.stop()
+        _client._without_run_inline.discard(older.address)
+
+
+def test_run_inline_refuses_a_peer_s_call_and_a_payload_not_inside(lone):
+    from remote_tpu._core.versions import versions_pb
+
+    spec = pb.JobSpec(client_versions=versions_pb(), job_id="inline-peer",
+                      accelerator="tpu-v5litepod-8", num_hosts=2, role=pb.ROLE_PEER,
+                      process_id=1, coordinator_address="127.0.0.1:1",
+                      stream=pb.STREAM_MODE_NONE, payload_size=3,
+                      payload_digest=b"\0" * digests.SIZE, payload=b"abc")
+    error = _run_inline(lone, spec)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "gateway jobs only" in error.details()
+
+    spec.role, spec.job_id, spec.num_hosts = pb.ROLE_GATEWAY, "inline-outside", 1
+    spec.accelerator = "tpu-v5litepod-4"
+    spec.ClearField("payload")                 # announced, not inside
+    error = _run_inline(lone, spec)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "inside its JobSpec" in error.details()
