@@ -128,7 +128,8 @@ class GatewayRole:
         try:
             yield from watch(record, hosts, [], follow=True, context=context, with_end=False)
             yield from result_events(record, self._host.data_port()
-                                     if spec.result_over_data_port else None)
+                                     if spec.result_over_data_port else None,
+                                     spec.value_in_end)
         finally:
             if not record.result_ticketed:     # else the ticket's transfer says so
                 record.result_sent()

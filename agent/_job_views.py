@@ -109,12 +109,20 @@ def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
             record.changed.wait_for(lambda: record.version != version, timeout=1.0)
 
 
-def result(record: JobRecord, data_port: DataPort | None = None) -> Iterator[pb.Event]:
+def result(record: JobRecord, data_port: DataPort | None = None,
+           value_in_end: bool = False) -> Iterator[pb.Event]:
     """A finished job's value (when it succeeded): its size, then its chunks,
     or (a large one, to a caller that asked) a ticket to fetch it over
-    ``data_port``; then the final report."""
+    ``data_port``; then the final report. A small value goes inside that report
+    to a caller that asked (``value_in_end``)."""
     if record.status.phase == pb.JOB_PHASE_SUCCEEDED:
         data = record.stored_result()      # small: in memory or its record; else a file
+        if data is not None and value_in_end and len(data) <= VALUE_IN_END_BYTES:
+            end = pb.JobEnd()
+            end.CopyFrom(record.status.end)
+            end.value = data
+            yield pb.Event(host=0, end=end)
+            return
         if data is not None:
             yield pb.Event(host=0, result_size=len(data))
             for start in range(0, len(data), CHUNK_SIZE):
@@ -128,6 +136,9 @@ def result(record: JobRecord, data_port: DataPort | None = None) -> Iterator[pb.
             else:
                 yield from _result_chunks(record)
     yield pb.Event(host=0, end=record.status.end)
+
+
+VALUE_IN_END_BYTES = 64 << 10
 
 
 def _result_chunks(record: JobRecord) -> Iterator[pb.Event]:

@@ -247,7 +247,7 @@ class AgentService(pb_grpc.AgentServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"job {record.job_id} has not finished yet")
         yield from self._in_slot(self.streams, context, result(
-            record, self.data_port if request.data_port else None))
+            record, self.data_port if request.data_port else None, request.value_in_end))
 
     def OutputFiles(self, request: pb.OutputsRequest, context: grpc.ServicerContext
                     ) -> Iterator[pb.OutputChunk]:

@@ -128,6 +128,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         data=data, gcs_data=gcs, keep_going=options.keep_going,
         profile_seconds=options.profile,
         result_over_data_port=data_wire.worth_trying(target.gateway, target.credentials),
+        value_in_end=True,
     )
     retries = options.retries
     if retries is not None and submitted:       # its gateway tries it again (_attempts)
@@ -196,7 +197,8 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
         return outcome(stream, renderer, gateway=target.gateway, job_id=job_id,
                        accelerator=options.topology.name, status=status,
                        refetch=lambda: target.stub().Result(
-                           pb.JobRef(job_id=job_id), metadata=target.credentials.metadata))
+                           pb.JobRef(job_id=job_id, value_in_end=True),
+                           metadata=target.credentials.metadata))
     except KeyboardInterrupt:
         interrupted = True
         if options.keep_warm:

@@ -202,10 +202,12 @@ class JobHandle:
                 "call in it has its own job and value)")
         self.wait(timeout)
         port = data_wire.worth_trying(self._target.gateway, self._target.credentials)
-        stream = self._stream("Result", pb.JobRef(job_id=self._id, data_port=port))
+        stream = self._stream("Result", pb.JobRef(job_id=self._id, data_port=port,
+                                                  value_in_end=True))
         return outcome(stream, OutputRenderer("none"), gateway=self._target.gateway,
                        job_id=self._id, accelerator=self._accelerator_name(),
-                       refetch=lambda: self._stream("Result", pb.JobRef(job_id=self._id)))
+                       refetch=lambda: self._stream("Result", pb.JobRef(job_id=self._id,
+                                                                          value_in_end=True)))
 
     def cancel(self) -> JobStatus:
         """Stop the job on every host (a queued job simply leaves the queue)."""

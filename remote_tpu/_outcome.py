@@ -214,6 +214,10 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
                 missed = not value.fetch(gateway, event.result_ticket, job_id)
             elif kind == "end":
                 end = event.end
+                if end.value:                 # a small value inside the report
+                    value.sized(len(end.value), job_id)
+                    value.add(end.value, job_id)
+                    end.ClearField("value")
             elif kind == "queued":
                 q = event.queued
                 ahead = (f"the warm workers of {q.queued_behind} (another caller's "

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import Agents, on_agents
 from remote_tpu import _client
+from remote_tpu_agent._job_views import VALUE_IN_END_BYTES
 from remote_tpu._core import digests
 from remote_tpu._core.channels import Credentials, stub
 from remote_tpu._core.limits import INLINE_BYTES
@@ -117,3 +118,34 @@ def test_run_inline_refuses_a_peer_s_call_and_a_payload_not_inside(lone):
     error = _run_inline(lone, spec)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "inside its JobSpec" in error.details()
+
+
+def _pickled_of_size(size: int) -> bytes:
+    """A bytes value whose pickle (as a worker sends it) is exactly ``size`` bytes."""
+    from remote_tpu._core import serialization
+
+    overhead = len(serialization.dumps(b"", what="v").to_bytes())
+    for k in range(size - overhead - 16, size - overhead + 16):
+        if len(serialization.dumps(b"x" * k, what="v").to_bytes()) == size:
+            return b"x" * k
+    raise AssertionError(f"no bytes value pickles to {size} bytes")
+
+
+@pytest.mark.parametrize("size", [VALUE_IN_END_BYTES, VALUE_IN_END_BYTES + 1])
+def test_a_small_value_comes_inside_the_final_report_a_larger_one_in_chunks(
+        lone, size, monkeypatch):
+    kinds: list[str] = []
+    events = _client._StartedRun.__iter__
+
+    def watched(self):
+        for event in events(self):
+            kinds.append(event.WhichOneof("kind"))
+            yield event
+    monkeypatch.setattr(_client._StartedRun, "__iter__", watched)
+    value = _pickled_of_size(size)
+    call = on_agents(lone, stream="none")(lambda v: v)
+    assert call(value) == value
+    assert kinds[-1] == "end"
+    assert ("result_chunk" in kinds) == (size > VALUE_IN_END_BYTES)
+    handle = call.submit(value)                  # and through Result, later
+    assert handle.result() == value
