@@ -491,6 +491,24 @@ def test_one_byte_past_max_store_bytes_drops_the_oldest_job(state):
         store.close()
 
 
+def test_after_a_restart_the_jobs_kept_are_measured_again_and_still_bound_the_store(state):
+    store = JobStore(state)
+    try:
+        for i in range(3):
+            finish(store, f"job-{i}", b"o" * 95)          # 100 bytes on disk each
+    finally:
+        store.close()
+    again = JobStore(state, max_store_bytes=250)          # restarted with less room
+    try:
+        finish(again, "job-3", b"o" * 95)
+        assert listed(again) == ["job-3", "job-2"]          # 200 bytes stay
+        assert job_dirs(state) == ["job-2.gateway", "job-3.gateway"]
+        finish(again, "job-4", b"o" * 20)
+        assert listed(again) == ["job-4", "job-3", "job-2"]   # 225 bytes: all fit
+    finally:
+        again.close()
+
+
 def test_the_newest_finished_job_stays_even_beyond_max_store_bytes(state):
     store = JobStore(state, max_store_bytes=1)
     try:
