@@ -133,7 +133,8 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="the spare worker never imports jax ahead of its job (a job that "
                         "uses JAX imports it in its call): for many simulated hosts on one "
                         "machine, where a spare with jax for each would cost ~0.8 s of CPU "
-                        "and ~150 MB")
+                        "and ~150 MB; a spare taken is then replaced once its worker has "
+                        "exited, not during its call")
     p.add_argument("--exit-with-stdin", action="store_true",
                    help="shut down when standard input closes (the local slice uses this "
                         "so agents never outlive their client)")

@@ -7,11 +7,15 @@ not take the TPU, so a spare never holds it. After a job with ``init_jax=False``
 the next spare is a light one, without jax (0.1 s of CPU and 19 MB, against
 0.8 s and 157 MB with it): an agent whose jobs do not use JAX does not import
 it for nothing after each (64 simulated hosts on one machine would spend a
-minute of CPU on it); a JAX job given a light spare imports jax in its call. ``take`` hands one to a job's
-``WorkerRun`` (which adopts its process and pipes) when the job's environment
-agrees with the spare's on everything read while importing (``fits``); a new
-spare is started once that worker has exited (or 2 s after the take, for a job
-that runs on), off the job's critical path. A spare that dies
+minute of CPU on it); a JAX job given a light spare imports jax in its call.
+``take`` hands one to a job's ``WorkerRun`` (which adopts its process and
+pipes) when the job's environment agrees with the spare's on everything read
+while importing (``fits``); a new spare is started a moment later, off the
+job's critical start, ready for a next call that follows at once. With
+``--light-spares`` (many simulated hosts sharing one machine's CPU) it is
+started once that worker has exited instead (or 2 s after the take, for a job
+that runs on): 64 replacements started during the call would take 6 s of the
+CPU the call runs on. A spare that dies
 is replaced (with a growing pause if spares keep dying), and every spare dies
 with its agent: it reads its control pipe, whose end closes when the agent goes.
 """
@@ -35,11 +39,8 @@ from ._process import stop_group
 
 log = logging.getLogger(__name__)
 
-# A spare taken is replaced once its job's worker has exited (the next job
-# cannot start before: a new spare would only take CPU from this one; with 64
-# simulated hosts on one machine, 6 s of it), or this long after the take,
-# for a job that runs on.
-_REFILL_AFTER = 2.0
+_REFILL_DELAY = 0.1        # after a take: the job's own workers start first
+_REFILL_AFTER = 2.0        # light spares: at the latest this long after a take
 _WATCH_INTERVAL = 0.5
 # Variables known to be read only once the job's call has come (by our worker,
 # by jax.distributed.initialize, by libtpu when JAX first uses the TPU): a job
@@ -143,6 +144,7 @@ class Spares:
         self._spares: list[Spare] = []
         self._stopped = threading.Event()
         self._deaths: list[float] = []       # when spares died untaken, recently
+        self._timer: threading.Timer | None = None    # the next refill, after a take
         if count:
             self._refill()
             threading.Thread(target=self._watch, daemon=True, name="spares").start()
@@ -157,14 +159,21 @@ class Spares:
             if spare is not None:
                 self._spares.remove(spare)
         if spare is not None:
-            timer = threading.Timer(_REFILL_AFTER, self.replace)
+            timer = threading.Timer(_REFILL_AFTER if self._always_light else _REFILL_DELAY,
+                                    self._refill)
             timer.daemon = True
+            with self._lock:
+                if self._timer is not None:
+                    self._timer.cancel()     # an earlier take's: never during a later job
+                self._timer = timer
             timer.start()
         return spare
 
     def replace(self) -> None:
-        """A spare taken has done its job (its worker exited): start the next."""
-        self._refill()
+        """A spare taken has done its job (its worker exited): with light
+        spares, the next one starts now."""
+        if self._always_light:
+            self._refill()
 
     def worker_dir(self) -> str:
         """A new directory for one worker's own files (removed when it ends)."""
@@ -181,6 +190,9 @@ class Spares:
 
     def _refill(self) -> None:
         with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             if self._stopped.is_set() or len(self._spares) >= self.count:
                 return
             stacks = self.worker_dir()

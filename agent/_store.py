@@ -10,6 +10,7 @@ jobs that finished last are kept; older ones are deleted with their files.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import os
 import re
@@ -96,7 +97,10 @@ class JobStore:
         # drops the oldest: no pass over every job either.
         self._done: collections.OrderedDict[str, list] = collections.OrderedDict()
         self._done_bytes = 0
-        self._unmeasured: set[str] = set()
+        # Those to measure, each with when it was last found so: a measure
+        # taken before then (its value arrived meanwhile) is not applied.
+        self._unmeasured: dict[str, int] = {}
+        self._marks = itertools.count()
         self._mark_lost()
         self._done.clear()                  # (read in the order the jobs ended)
         self._done_bytes = 0
@@ -213,7 +217,7 @@ class JobStore:
         entry = self._done.get(key)
         if entry is None:
             entry = self._done[key] = [job_id, role, None, 0]
-            self._unmeasured.add(key)
+            self._unmeasured[key] = next(self._marks)
         return entry
 
     def _measured(self, key: str, size: int | None) -> None:
@@ -223,9 +227,9 @@ class JobStore:
         self._done_bytes += (size or 0) - (entry[2] or 0)
         entry[2] = size
         if size is None:
-            self._unmeasured.add(key)
+            self._unmeasured[key] = next(self._marks)
         else:
-            self._unmeasured.discard(key)
+            self._unmeasured.pop(key, None)
 
     def list(self, role: int = pb.ROLE_GATEWAY, limit: int = 0) -> list[pb.JobStatus]:
         rows = self._sql("SELECT job_id, role, spec, status FROM jobs WHERE role = ? "
@@ -243,12 +247,13 @@ class JobStore:
         caller can always collect the result of the job that just ended)."""
         with self._prune_lock:
             with self._done_lock:
-                todo = [(key, *self._done[key][:2]) for key in self._unmeasured]
-            for key, job_id, role in todo:   # measured once: its files stay as they are
+                todo = [(key, mark, *self._done[key][:2])
+                        for key, mark in self._unmeasured.items()]
+            for key, mark, job_id, role in todo:   # once: a finished job's files stay so
                 size = _tree_size(self._dir(job_id, role)) + \
                     _tree_size(self._outputs_dir(job_id))
                 with self._done_lock:
-                    if key in self._unmeasured:
+                    if self._unmeasured.get(key) == mark:   # (else: to measure again)
                         self._measured(key, size)
             # The oldest go, beyond ``keep`` or while all together take more
             # than ``max_store_bytes`` (never the newest).
@@ -293,7 +298,7 @@ class JobStore:
         key = self._key(job_id, role)
         with self._done_lock:
             entry = self._done.pop(key, None)
-            self._unmeasured.discard(key)
+            self._unmeasured.pop(key, None)
             if entry is not None:
                 self._done_bytes -= (entry[2] or 0) + entry[3]
         shutil.rmtree(self._dir(job_id, role), ignore_errors=True)

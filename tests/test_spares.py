@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import psutil
@@ -74,6 +75,32 @@ def test_a_cold_call_runs_in_the_spare_and_a_new_one_is_started(lone):
     pid = _on(lone)(os.getpid)()
     assert pid == spare.pid                    # the call ran in the spare
     assert _one_spare(agent, other_than=pid).pid != pid
+
+
+@pytest.mark.slow
+def test_a_spare_taken_is_replaced_while_its_job_still_runs(lone, tmp_path):
+    """Ready for a next call that follows at once (a real host's CPU is its own)."""
+    agent = lone.procs[0].pid
+    first = _one_spare(agent)
+    go_on = tmp_path / "go-on"
+
+    def waits() -> int:
+        import os
+        import time
+        while not os.path.exists(str(go_on)):
+            time.sleep(0.05)
+        return os.getpid()
+
+    result: list[int] = []
+    call = threading.Thread(target=lambda: result.append(_on(lone)(waits)()))
+    call.start()
+    try:
+        assert _one_spare(agent, other_than=first.pid).pid != first.pid
+        assert call.is_alive()                    # before the job has ended
+    finally:
+        go_on.touch()
+        call.join(60)
+    assert result == [first.pid]
 
 
 def _settled(proc: psutil.Process) -> bool:

@@ -509,6 +509,45 @@ def test_after_a_restart_the_jobs_kept_are_measured_again_and_still_bound_the_st
         again.close()
 
 
+def test_a_value_that_lands_while_its_job_is_measured_is_counted(state, monkeypatch):
+    """The job's value arrives (and its size is asked for again) while the
+    prune at its end is measuring its directory: the earlier measure must not
+    stand for the new one."""
+    import threading
+
+    from remote_tpu_agent import _store
+
+    store = JobStore(state, max_store_bytes=5 << 20)
+    try:
+        finish(store, "job-old", b"o" * 95)
+        record, _ = store.create(spec("job-new"), pb.ROLE_GATEWAY)
+        real, measuring, landed = _store._tree_size, threading.Event(), threading.Event()
+
+        def slow_tree_size(path: str) -> int:
+            size = real(path)                # measured before the value landed
+            if path.endswith("job-new.gateway") and not measuring.is_set():
+                measuring.set()
+                landed.wait(10)
+            return size
+        monkeypatch.setattr(_store, "_tree_size", slow_tree_size)
+        ending = threading.Thread(target=record.set_phase, args=(pb.JOB_PHASE_SUCCEEDED,),
+                                  kwargs={"end": pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED)})
+        ending.start()
+        assert measuring.wait(10)
+        os.makedirs(record.dir, exist_ok=True)
+        with open(os.path.join(record.dir, "result.pkl"), "wb") as f:
+            f.write(b"x" * (10 << 20))       # a value of 10 MiB lands
+        again = threading.Thread(target=store.measure_again, args=(record,))
+        again.start()
+        time.sleep(0.3)                      # (it waits for the prune under way)
+        landed.set()
+        ending.join(10)
+        again.join(10)
+        assert listed(store) == ["job-new"]  # 10 MiB counted: the older job went
+    finally:
+        store.close()
+
+
 def test_the_newest_finished_job_stays_even_beyond_max_store_bytes(state):
     store = JobStore(state, max_store_bytes=1)
     try:
