@@ -356,7 +356,10 @@ def test_a_preempted_host_ends_the_job_preempted():
         vm.servers[1].instance["preempted"] = "TRUE"     # GCE takes worker 1 back ...
         vm.procs[1].send_signal(signal.SIGTERM)          # ... and shuts the VM down
         status = handle.wait(20)
-        assert status.state == "PREEMPTED", status
+        if status.state != "PREEMPTED":
+            with pytest.raises(Exception) as ended:
+                handle.result()
+            pytest.fail(f"{status}\n{ended.value}")
         assert "host 1 was preempted" in status.detail
         with pytest.raises(remote_tpu.JobFailedError) as info:
             handle.result()
