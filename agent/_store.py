@@ -72,14 +72,14 @@ class JobStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS jobs (job_id TEXT, "
                          "role INTEGER, phase INTEGER, created_at REAL, spec BLOB, "
-                         "status BLOB, ended_at REAL DEFAULT 0, bytes INTEGER, "
+                         "status BLOB, ended_at REAL DEFAULT 0, "
                          "PRIMARY KEY (job_id, role))")
         columns = [row[1] for row in self._db.execute("PRAGMA table_info(jobs)")]
-        # Columns a store written by an earlier agent lacks: when a job ended, and
-        # how much its files take (measured once, when it ended; NULL = not yet).
+        # Columns a store written by an earlier agent lacks: when a job ended.
         # A small value (inline) is kept with its record, not in a file of its own.
-        for column, kind in (("ended_at", "REAL DEFAULT 0"), ("bytes", "INTEGER"),
-                             ("result", "BLOB")):
+        # (An earlier agent's column of sizes, bytes, is no longer read: what a
+        # finished job's files take is measured once after each start.)
+        for column, kind in (("ended_at", "REAL DEFAULT 0"), ("result", "BLOB")):
             if column not in columns:
                 self._db.execute(f"ALTER TABLE jobs ADD COLUMN {column} {kind}")
         self._lock = threading.Lock()        # create() is check-then-insert
@@ -105,12 +105,11 @@ class JobStore:
         self._done.clear()                  # (read in the order the jobs ended)
         self._done_bytes = 0
         self._unmeasured.clear()
-        for job_id, role, size, kept in self._sql(
-                "SELECT job_id, role, bytes, IFNULL(length(result), 0) FROM jobs "
+        for job_id, role, kept in self._sql(
+                "SELECT job_id, role, IFNULL(length(result), 0) FROM jobs "
                 "WHERE phase NOT IN (?, ?) ORDER BY CASE WHEN ended_at > 0 THEN "
                 "ended_at ELSE created_at END", (pb.JOB_PHASE_QUEUED, pb.JOB_PHASE_RUNNING)):
             self._done_entry(self._key(job_id, role), job_id, role)[3] = kept
-            self._measured(self._key(job_id, role), size)
             self._done_bytes += kept
 
     def full_message(self) -> str:
@@ -190,7 +189,7 @@ class JobStore:
                       "ended_at, result) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
                       "ON CONFLICT (job_id, role) DO UPDATE SET phase = excluded.phase, "
                       "spec = excluded.spec, status = excluded.status, "
-                      "ended_at = excluded.ended_at, bytes = NULL, "
+                      "ended_at = excluded.ended_at, "
                       "result = COALESCE(excluded.result, result)",
                       (record.job_id, record.role, phase, record.status.created_at,
                        record.spec.SerializeToString(), status, record.status.ended_at,
@@ -206,7 +205,7 @@ class JobStore:
             self._live.pop(key, None)
             with self._done_lock:
                 entry = self._done_entry(key, record.job_id, record.role)
-                self._measured(key, None)        # (the save set its bytes to NULL)
+                self._measured(key, None)        # (its files may have changed)
                 if record.result is not None:
                     self._done_bytes += len(record.result) - entry[3]
                     entry[3] = len(record.result)

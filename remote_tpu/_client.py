@@ -25,7 +25,7 @@ from ._core.serialization import Payload
 from ._core.versions import versions_pb
 from ._jobs import JobHandle
 from ._options import RunOptions
-from ._outcome import outcome
+from ._outcome import outcome, result_request
 from ._render import OutputRenderer
 from ._status import LiveStatus
 from ._core.limits import upload_deadline
@@ -197,8 +197,7 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
         return outcome(stream, renderer, gateway=target.gateway, job_id=job_id,
                        accelerator=options.topology.name, status=status,
                        refetch=lambda: target.stub().Result(
-                           pb.JobRef(job_id=job_id, value_in_end=True),
-                           metadata=target.credentials.metadata))
+                           result_request(job_id), metadata=target.credentials.metadata))
     except KeyboardInterrupt:
         interrupted = True
         if options.keep_warm:

@@ -17,7 +17,7 @@ from ._core.channels import error_from_rpc, forget_if_unavailable
 from ._core.exceptions import ConfigurationError, JobTimeoutError
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.states import FINISHED_NAMES, phase_name
-from ._outcome import outcome
+from ._outcome import outcome, result_request
 from ._render import OutputRenderer
 from ._target import Target, resolve_target, running_targets
 
@@ -202,12 +202,10 @@ class JobHandle:
                 "call in it has its own job and value)")
         self.wait(timeout)
         port = data_wire.worth_trying(self._target.gateway, self._target.credentials)
-        stream = self._stream("Result", pb.JobRef(job_id=self._id, data_port=port,
-                                                  value_in_end=True))
+        stream = self._stream("Result", result_request(self._id, data_port=port))
         return outcome(stream, OutputRenderer("none"), gateway=self._target.gateway,
                        job_id=self._id, accelerator=self._accelerator_name(),
-                       refetch=lambda: self._stream("Result", pb.JobRef(job_id=self._id,
-                                                                          value_in_end=True)))
+                       refetch=lambda: self._stream("Result", result_request(self._id)))
 
     def cancel(self) -> JobStatus:
         """Stop the job on every host (a queued job simply leaves the queue)."""

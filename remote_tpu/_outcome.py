@@ -105,6 +105,12 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str,
         f"{_last_lines(root)}", host=h, hosts=end.hosts)
 
 
+def result_request(job_id: str, data_port: bool = False) -> pb.JobRef:
+    """What a client asks Result for: a small value inside the final report
+    (what ``outcome`` reads), a large one over the data port if ``data_port``."""
+    return pb.JobRef(job_id=job_id, data_port=data_port, value_in_end=True)
+
+
 # Its pages made at once (MAP_POPULATE, Linux): 1 GiB received in 0.67 s of
 # kernel time instead of 1.0-1.1 s, page by page as bytes arrive.
 _MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)

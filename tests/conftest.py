@@ -77,9 +77,7 @@ def run_python(code: str, timeout: float = 120, **kwargs) -> subprocess.Complete
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def free_ports(n: int) -> list[int]:
