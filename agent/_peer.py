@@ -34,6 +34,7 @@ from ._call import Call
 from ._events import EventQueue
 from ._host import Host
 from ._hostlog import StoreFull
+from ._lane import PeerLane
 from ._requests import Refused, abort
 from ._runner import WorkerRun
 from ._envs import EnvError
@@ -164,10 +165,20 @@ class PeerRole:
             record.set_phase(pb.JOB_PHASE_FAILED, "the call could not be prepared on this host")
             return
         events = EventQueue()
-        nexts: queue.Queue = queue.Queue()      # a warm session's next calls; None: no more
+        # A warm session's next calls: (spec, payload, whether it came on the
+        # lane); None: no more.
+        nexts: queue.Queue = queue.Queue()
         run = WorkerRun(host=spec.process_id, call=call,
                         emit=events.put, forward_output=True,
                         warm=spec.keep_warm_seconds > 0, spares=self._host.spares)
+
+        def lane_call(next_spec: pb.JobSpec) -> None:
+            data = next_spec.payload
+            next_spec.ClearField("payload")       # (the worker checks its digest)
+            nexts.put((next_spec, data, True))
+        lane = PeerLane(lane_call, lambda: threading.Thread(target=run.cancel,
+                                                             daemon=True).start())
+        on_lane = [False]                       # the current call came on the lane
 
         def obey() -> None:
             try:
@@ -177,7 +188,7 @@ class PeerRole:
                         data = self._host.uploads.receive(
                             req.next_call, requests,
                             os.path.join(record.dir, _worker.PAYLOAD_FILE), context)
-                        nexts.put((req.next_call, data))
+                        nexts.put((req.next_call, data, False))
                     elif req.control == pb.CONTROL_RELEASE:
                         run.release()
                     elif req.control == pb.CONTROL_CANCEL:
@@ -197,6 +208,7 @@ class PeerRole:
         run.on_parked_exit = lambda: nexts.put(None)
 
         def on_done() -> None:         # the gateway's call is over: so is the worker
+            lane.close()
             threading.Thread(target=run.stop, daemon=True).start()
             events.put(None)
             nexts.put(None)
@@ -226,7 +238,11 @@ class PeerRole:
                 if event.HasField("done") or event.HasField("exited"):
                     report = event.done if event.HasField("done") else event.exited
                     report.notices.extend(outputs[0].finish())   # saved before it reports
-                yield event
+                if event.HasField("exited") and event.exited.warm and not on_lane[0] \
+                        and not lane.offered and (offer := lane.offer(self._host.data_port())):
+                    yield pb.Event(host=event.host, lane=offer)
+                if not (yield from _deliver(event, lane, on_lane[0])):
+                    return
                 if not event.HasField("exited"):
                     continue
                 final = phase_of_host(event.exited.state)
@@ -236,8 +252,12 @@ class PeerRole:
                     return
                 self._host.blobs.unpin(pinned)      # its worker has them mapped
                 pinned.clear()
-                yield from self._next_call(run, nexts, events, record, pinned, outputs)
+                for event in self._next_call(run, nexts, events, record, pinned, outputs,
+                                             on_lane):
+                    if not (yield from _deliver(event, lane, on_lane[0])):
+                        return
         finally:
+            lane.close()
             outputs[0].finish()
             events.close()
             if run.parked:              # printed since the session's last call: kept here
@@ -259,15 +279,16 @@ class PeerRole:
 
     def _next_call(self, run: WorkerRun, nexts: queue.Queue, events: EventQueue,
                    record: JobRecord, pinned: list[pb.BlobRef],
-                   outputs: list[OutputSync]) -> Iterator[pb.Event]:
+                   outputs: list[OutputSync], on_lane: list[bool]) -> Iterator[pb.Event]:
         """Wait for the warm session's next call and hand it to the parked
         worker (returns at once when the session is over: the caller then sees
-        no more events and ends)."""
+        no more events and ends). ``on_lane[0]`` says where the call came
+        from: its events go back the same way."""
         item = nexts.get()
         if item is None:
             events.put(None)
             return
-        spec, payload = item
+        spec, payload, on_lane[0] = item
         paths, why = self._pin(spec)
         if paths is None:
             yield pb.Event(host=run.host, exited=pb.HostReport(
@@ -286,6 +307,16 @@ class PeerRole:
                 host=run.host, state=pb.HOST_STATE_DIED, exited=True,
                 detail="its warm worker had exited since the last call"))
             events.put(None)
+
+
+def _deliver(event: pb.Event, lane: PeerLane, on_lane: bool
+             ) -> Generator[pb.Event, None, bool]:
+    """Send an event back the way its call came (yielded: on the gRPC call);
+    False once the lane is gone (the gateway takes this host as lost)."""
+    if on_lane:
+        return lane.send(event)
+    yield event
+    return True
 
 
 def _lines(host: int, record: JobRecord, lines: list[str]) -> Iterator[pb.Event]:

@@ -1,7 +1,8 @@
 """The gateway's proxy for one process on a peer host: a ``Run`` call to that
 host's agent (which plays the peer role, ``_peer``), relayed as if it were a
 local worker. In a warm session the call stays open between calls and carries
-each next one (``next_call``); ``stop`` ends it, and so the peer's worker."""
+each next one (``next_call``), or the session's lane does once the peer has
+offered one (``_lane``); ``stop`` ends it, and so the peer's worker."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from remote_tpu._core import data_wire
 from remote_tpu._core.exceptions import AuthenticationError, VersionMismatchError
 from remote_tpu._core.channels import (Credentials, error_from_rpc, forget_if_unavailable,
                                        health, stub)
 from remote_tpu._core.limits import CHUNK_SIZE, INLINE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.versions import differences
+
+from ._lane import CALL, CANCEL, GatewayLane
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,7 @@ class RemoteHost:
         self._exited_sent = False
         self.parked = False               # warm, between calls, its call still open
         self.finished = threading.Event()
+        self._lane: GatewayLane | None = None     # the session's calls, once opened
 
     def preflight(self) -> tuple[str, bool]:
         """Check, before anything runs anywhere, that the peer answers, accepts
@@ -85,7 +90,9 @@ class RemoteHost:
             self._controls.put(pb.RunRequest(control=pb.CONTROL_RELEASE))
 
     def cancel(self) -> None:
-        self._controls.put(pb.RunRequest(control=pb.CONTROL_CANCEL))
+        lane = self._lane
+        if lane is None or not lane.send(CANCEL):
+            self._controls.put(pb.RunRequest(control=pb.CONTROL_CANCEL))
 
     def next_call(self, spec: pb.JobSpec, payload: bytes | str,
                   emit: Callable[[pb.Event], None]) -> bool:
@@ -98,6 +105,13 @@ class RemoteHost:
             self.finished.clear()
             self._emit = emit           # (the call keeps its first job's id: the peer
                                         # knows its worker by it, for stacks)
+            lane = self._lane
+        if lane is not None and isinstance(payload, bytes) and len(payload) <= INLINE_BYTES:
+            inline = pb.JobSpec()
+            inline.CopyFrom(spec)
+            inline.payload = payload
+            if lane.send(CALL, inline.SerializeToString()):
+                return True
         for request in _call_requests(spec, payload, "next_call"):
             self._controls.put(request)
         return True
@@ -117,9 +131,45 @@ class RemoteHost:
         """End the RPC (and with it, on the peer, the worker), parked or not."""
         self._closed.set()
         with self._lock:
-            call = self._call
+            call, lane = self._call, self._lane
+        if lane is not None:
+            lane.close()
         if call is not None:
             call.cancel()
+
+    def _open_lane(self, ticket: pb.DataTicket) -> None:
+        """Open the lane the peer offered (in the background: its worker has
+        just parked, and the session's next call will use it if it is up)."""
+        def connect() -> None:
+            lane = GatewayLane.connect(self.address, ticket, self._relay_event,
+                                       self._lane_ended, name=f"lane{self.host}")
+            if lane is None:
+                return
+            with self._lock:
+                if not self._closed.is_set():
+                    self._lane, lane = lane, None
+            if lane is not None:          # the session ended meanwhile
+                lane.close()
+        threading.Thread(target=connect, daemon=True, name=f"lane{self.host}-open").start()
+
+    def _lane_ended(self, why: str) -> None:
+        """The lane is gone. Unless we closed it, so is the peer, for the session."""
+        if not why:
+            return
+        if not self._closed.is_set():
+            log.warning("peer %d at %s: %s", self.host, self.address, why)
+        self._send_exited(pb.HostReport(host=self.host, state=pb.HOST_STATE_LOST,
+                                        finished_at=time.time(),
+                                        detail=f"agent at {self.address}: {why}"))
+        self.stop()
+
+    def _relay_event(self, event: pb.Event) -> None:
+        if event.HasField("exited"):
+            self._send_exited(event.exited)
+        else:
+            with self._lock:
+                emit = self._emit
+            emit(event)
 
     def _requests(self) -> Iterator[pb.RunRequest]:
         for item in _call_requests(self._spec, self._payload, "spec"):
@@ -144,12 +194,11 @@ class RemoteHost:
                     detail="the job ended before this host was started"))
                 return
             for event in self._call:
-                if event.HasField("exited"):
-                    self._send_exited(event.exited)
+                if event.HasField("lane"):
+                    if data_wire.worth_trying(self.address, self._credentials):
+                        self._open_lane(event.lane)        # (the lane has no TLS)
                 else:
-                    with self._lock:
-                        emit = self._emit
-                    emit(event)
+                    self._relay_event(event)
         except grpc.RpcError as exc:
             forget_if_unavailable(exc, self.address, self._credentials)
             if not self._closed.is_set():
@@ -163,6 +212,10 @@ class RemoteHost:
             self._closed.set()
             with self._lock:
                 self.parked = False          # its peer's worker is gone with the call
+                lane = self._lane
+        if lane is not None:         # the peer's last events may still be on the lane
+            lane.reader.join(timeout=2)
+            lane.close()
         self._send_exited(pb.HostReport(
             host=self.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
             detail=f"agent at {self.address} ended the call without a final report"))

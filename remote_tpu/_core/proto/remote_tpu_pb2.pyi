@@ -584,7 +584,7 @@ class Started(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("host", "started", "output", "done", "exited", "result_chunk", "end", "queued", "result_size", "workers_started", "result_ticket")
+    __slots__ = ("host", "started", "output", "done", "exited", "result_chunk", "end", "queued", "result_size", "workers_started", "result_ticket", "lane")
     HOST_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
@@ -596,6 +596,7 @@ class Event(_message.Message):
     RESULT_SIZE_FIELD_NUMBER: _ClassVar[int]
     WORKERS_STARTED_FIELD_NUMBER: _ClassVar[int]
     RESULT_TICKET_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
     host: int
     started: Started
     output: Output
@@ -607,7 +608,8 @@ class Event(_message.Message):
     result_size: int
     workers_started: int
     result_ticket: DataTicket
-    def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., queued: _Optional[_Union[JobStatus, _Mapping]] = ..., result_size: _Optional[int] = ..., workers_started: _Optional[int] = ..., result_ticket: _Optional[_Union[DataTicket, _Mapping]] = ...) -> None: ...
+    lane: DataTicket
+    def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., queued: _Optional[_Union[JobStatus, _Mapping]] = ..., result_size: _Optional[int] = ..., workers_started: _Optional[int] = ..., result_ticket: _Optional[_Union[DataTicket, _Mapping]] = ..., lane: _Optional[_Union[DataTicket, _Mapping]] = ...) -> None: ...
 
 class OutputsRequest(_message.Message):
     __slots__ = ("job_id", "this_host")
