@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 
 from remote_tpu._core import data_wire
-from remote_tpu._core.limits import MAX_MESSAGE_BYTES
+from remote_tpu._core.data_wire import read_frame, send_frame
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -39,24 +39,6 @@ log = logging.getLogger(__name__)
 CALL = 1          # gateway -> peer: a JobSpec, payload inside
 CANCEL = 2        # gateway -> peer: stop the worker (no body)
 EVENT = 3         # peer -> gateway: an Event of the call
-
-
-def send_frame(sock: socket.socket, kind: int, body: bytes = b"") -> None:
-    sock.sendall((len(body) + 1).to_bytes(4, "big") + bytes((kind,)) + body)
-
-
-def read_frame(sock: socket.socket) -> tuple[int, bytes] | None:
-    """The next frame; None once the other side has closed the connection."""
-    try:
-        head = data_wire.recv_exact(sock, 4)
-    except ConnectionError:
-        return None
-    size = int.from_bytes(head, "big")
-    if not 1 <= size <= MAX_MESSAGE_BYTES + 1:
-        raise ConnectionError(f"a lane frame of {size:,} bytes (at most "
-                              f"{MAX_MESSAGE_BYTES + 1:,})")
-    frame = data_wire.recv_exact(sock, size)
-    return frame[0], frame[1:]
 
 
 def _shut(sock: socket.socket) -> None:

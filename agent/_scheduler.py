@@ -76,6 +76,11 @@ class Scheduler:
                 record.touch()
             ahead = record.job_id
 
+    def warm_owner(self) -> str:
+        """Whose warm session holds the slice now ("" when none does)."""
+        warm = self._warm
+        return warm.owner if warm is not None else ""
+
     def release(self, reason: str, owner: str = "") -> str:
         """End the slice's warm workers (at once, or once the call running in
         them is over), only if ``owner``'s when given; what was done, or ""

@@ -42,6 +42,7 @@ from ._job_views import JobViews, result, status_of, watch
 from ._outputs import output_env, own_files, slice_files
 from ._peer import PeerRole
 from ._blobs import BlobCache, check_ref
+from . import _call_lane as call_lane
 from ._data_port import DataPort
 from ._cache_dir import default_dir
 from ._reports import bound_stacks
@@ -173,14 +174,23 @@ class AgentService(pb_grpc.AgentServicer):
     def RunInline(self, request: pb.RunRequest, context: grpc.ServicerContext
                   ) -> Iterator[pb.Event]:
         """Run, its one request carrying the spec and the payload inside it."""
+        yield from self._run_inline(request, context, on_lane=False)
+
+    def _run_inline(self, request: pb.RunRequest, context, on_lane: bool
+                    ) -> Iterator[pb.Event]:
+        """RunInline, from gRPC or a caller's lane (``_call_lane``)."""
         spec = self._spec(iter((request,)), context, pb.ROLE_GATEWAY)
         if len(spec.payload) != spec.payload_size:
             abort(context, Refused(
                 grpc.StatusCode.INVALID_ARGUMENT, "protocol",
                 f"RunInline carries its payload inside its JobSpec ({len(spec.payload)} of "
                 f"{spec.payload_size} bytes there): a larger one is sent with Run"))
-        yield from self._in_slot(self.streams, context,
-                                 self.gateway.run_attached(spec, iter(()), context))
+        events = self.gateway.run_attached(spec, iter(()), context)
+        if spec.offer_lane and not on_lane:
+            events = call_lane.offering(
+                spec, events, self.data_port, self.scheduler.warm_owner,
+                lambda request, context: self._run_inline(request, context, on_lane=True))
+        yield from self._in_slot(self.streams, context, events)
 
     def HaveBlobs(self, request: pb.BlobQuery, context: grpc.ServicerContext
                   ) -> pb.BlobPresence:

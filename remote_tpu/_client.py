@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from . import _blobs as blobs
+from . import _call_lane as call_lane
 from ._core import data_wire
 from ._core.channels import BlobsMissing
 from ._core.exceptions import ConfigurationError
@@ -129,6 +130,8 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         profile_seconds=options.profile,
         result_over_data_port=data_wire.worth_trying(target.gateway, target.credentials),
         value_in_end=True,
+        offer_lane=bool(options.keep_warm) and not submitted and
+        data_wire.worth_trying(target.gateway, target.credentials),
     )
     retries = options.retries
     if retries is not None and submitted:       # its gateway tries it again (_attempts)
@@ -179,7 +182,8 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
             _release_at_exit(target)
         status.phase("remote_tpu: waiting for the slice")
         try:
-            stream = target.call(lambda t: _start_run(t, spec, payload, status), retry=True)
+            stream = _on_lane(target, spec, payload) or target.call(
+                lambda t: _start_run(t, spec, payload, status), retry=True)
         except BlobsMissing:     # evicted since they were sent: they go inside this time
             payload = payload.inline()
             spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,
@@ -193,6 +197,7 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
     renderer = OutputRenderer(options.stream, label, per_slice=(
         options.topology.hosts * options.processes_per_host if options.num_slices > 1 else 0))
     interrupted = False
+    stream = _LaneOffers(stream)
     try:
         return outcome(stream, renderer, gateway=target.gateway, job_id=job_id,
                        accelerator=options.topology.name, status=status,
@@ -206,6 +211,8 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
                   "fresh)", file=sys.stderr, flush=True)
         raise
     finally:
+        if stream.lane is not None:
+            call_lane.opened(target.gateway, target.credentials, stream.lane)
         if spec.collect_outputs and not interrupted:    # the job's files, failed or not
             from ._output_files import collect
             collect(target, job_id, options.output_dir)
@@ -235,6 +242,31 @@ def _release_all() -> None:
                                   metadata=target.credentials.metadata)
         except grpc.RpcError:
             pass                    # its idle time ends them all the same
+
+
+def _on_lane(target: Target, spec: pb.JobSpec, payload: Payload):
+    """The call sent on this process's lane to its gateway, up to its first
+    event; None where it goes on gRPC (``_call_lane``)."""
+    if not spec.offer_lane or payload.nbytes > INLINE_BYTES:
+        return None
+    return call_lane.start(target.gateway, target.credentials, next(_requests(spec, payload)))
+
+
+class _LaneOffers:
+    """A call's events as they come; ``lane``: the ticket its end carried."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.lane: pb.DataTicket | None = None
+
+    def __iter__(self) -> Iterator[pb.Event]:
+        for event in self._stream:
+            if event.HasField("end") and event.end.HasField("lane"):
+                self.lane = event.end.lane
+            yield event
+
+    def cancel(self) -> None:
+        self._stream.cancel()
 
 
 class _StartedRun:

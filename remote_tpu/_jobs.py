@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from . import _call_lane as call_lane
 from ._core import data_wire
 from ._core.auth import TLS
 from ._core.channels import error_from_rpc, forget_if_unavailable
@@ -253,4 +254,6 @@ def release_targets(targets: Sequence[Target]) -> list[tuple[bool, str]]:
     replies = [target.call(lambda t: t.stub().Release(
         pb.ReleaseRequest(), metadata=t.credentials.metadata, timeout=60))
         for target in targets]
+    for target in targets:
+        call_lane.close(target.gateway)
     return [(reply.released, reply.detail) for reply in replies]

@@ -19,7 +19,8 @@ from remote_tpu._core import data_wire
 from remote_tpu._core.limits import INLINE_BYTES, MAX_MESSAGE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent._data_port import DataPort
-from remote_tpu_agent._lane import CALL, CANCEL, GatewayLane, PeerLane, send_frame
+from remote_tpu._core.data_wire import send_frame
+from remote_tpu_agent._lane import CALL, CANCEL, GatewayLane, PeerLane
 
 from conftest import Agents, wait_until
 

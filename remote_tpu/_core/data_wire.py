@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from .addresses import host_of
-from .limits import CHUNK_SIZE
+from .limits import CHUNK_SIZE, MAX_MESSAGE_BYTES
 from .proto import remote_tpu_pb2 as pb
 
 MAGIC = b"remote-tpu data 1\n"
@@ -40,6 +40,7 @@ TICKET_SIZE = 32
 CONNECT_TIMEOUT = 3.0        # a port a firewall drops costs this, once per process
 IO_TIMEOUT = 120.0           # no byte moved for this long: the other side is gone
 MAX_REPLY = 1 << 20
+MAX_FRAME = MAX_MESSAGE_BYTES    # a lane's frame body: what a gRPC message may be
 
 HEARTBEAT = 0xFFFFFFFF        # a reply frame of this "length": still working, no reply yet
 HEARTBEAT_SECONDS = 1.0
@@ -163,6 +164,26 @@ def recv_exact(sock: socket.socket, n: int, within: float | None = None) -> byte
             raise ConnectionError(f"the connection closed after {got} of {n} bytes")
         got += k
     return bytes(buf)
+
+
+def send_frame(sock: socket.socket, kind: int, body: bytes = b"") -> None:
+    """One frame of a lane (a connection that carries many messages, each way:
+    a warm session's calls): a 4-byte length, one byte of kind, the body."""
+    sock.sendall((len(body) + 1).to_bytes(4, "big") + bytes((kind,)) + body)
+
+
+def read_frame(sock: socket.socket) -> tuple[int, bytes] | None:
+    """A lane's next frame (kind, body); None once the other side has closed
+    the connection between frames."""
+    try:
+        head = recv_exact(sock, 4)
+    except ConnectionError:
+        return None
+    size = int.from_bytes(head, "big")
+    if not 1 <= size <= MAX_FRAME + 1:
+        raise ConnectionError(f"a lane frame of {size:,} bytes (at most {MAX_FRAME + 1:,})")
+    frame = recv_exact(sock, size)
+    return frame[0], frame[1:]
 
 
 def send_reply(sock: socket.socket, message: bytes) -> None:

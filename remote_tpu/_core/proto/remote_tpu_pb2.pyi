@@ -349,7 +349,7 @@ class JaxTimeouts(_message.Message):
     def __init__(self, initialization_seconds: _Optional[int] = ..., heartbeat_seconds: _Optional[int] = ..., shutdown_seconds: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_digest", "processes_per_host", "keep_warm_seconds", "client_id", "payload", "skip_jax_init", "blobs", "working_dir", "output_dir", "collect_outputs", "data", "gcs_data", "requirements", "allow_jax_requirements", "num_slices", "retries", "attempt", "earlier_attempts", "keep_going", "profile_seconds", "result_over_data_port", "value_in_end")
+    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_digest", "processes_per_host", "keep_warm_seconds", "client_id", "payload", "skip_jax_init", "blobs", "working_dir", "output_dir", "collect_outputs", "data", "gcs_data", "requirements", "allow_jax_requirements", "num_slices", "retries", "attempt", "earlier_attempts", "keep_going", "profile_seconds", "result_over_data_port", "value_in_end", "offer_lane")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +393,7 @@ class JobSpec(_message.Message):
     PROFILE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     RESULT_OVER_DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     VALUE_IN_END_FIELD_NUMBER: _ClassVar[int]
+    OFFER_LANE_FIELD_NUMBER: _ClassVar[int]
     client_versions: Versions
     job_id: str
     accelerator: str
@@ -429,7 +430,8 @@ class JobSpec(_message.Message):
     profile_seconds: float
     result_over_data_port: bool
     value_in_end: bool
-    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_digest: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., skip_jax_init: _Optional[bool] = ..., blobs: _Optional[_Iterable[_Union[BlobRef, _Mapping]]] = ..., working_dir: _Optional[_Union[WorkingDir, _Mapping]] = ..., output_dir: _Optional[str] = ..., collect_outputs: _Optional[bool] = ..., data: _Optional[_Iterable[_Union[WorkingDir, _Mapping]]] = ..., gcs_data: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[str]] = ..., allow_jax_requirements: _Optional[bool] = ..., num_slices: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., attempt: _Optional[int] = ..., earlier_attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., keep_going: _Optional[bool] = ..., profile_seconds: _Optional[float] = ..., result_over_data_port: _Optional[bool] = ..., value_in_end: _Optional[bool] = ...) -> None: ...
+    offer_lane: bool
+    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_digest: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., skip_jax_init: _Optional[bool] = ..., blobs: _Optional[_Iterable[_Union[BlobRef, _Mapping]]] = ..., working_dir: _Optional[_Union[WorkingDir, _Mapping]] = ..., output_dir: _Optional[str] = ..., collect_outputs: _Optional[bool] = ..., data: _Optional[_Iterable[_Union[WorkingDir, _Mapping]]] = ..., gcs_data: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[str]] = ..., allow_jax_requirements: _Optional[bool] = ..., num_slices: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., attempt: _Optional[int] = ..., earlier_attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., keep_going: _Optional[bool] = ..., profile_seconds: _Optional[float] = ..., result_over_data_port: _Optional[bool] = ..., value_in_end: _Optional[bool] = ..., offer_lane: _Optional[bool] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("preemptions", "failures", "backoff_seconds", "backoff_max_seconds")
@@ -552,7 +554,7 @@ class HostReport(_message.Message):
     def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ..., stacks: _Optional[str] = ..., preempted: _Optional[bool] = ..., warm: _Optional[bool] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobEnd(_message.Message):
-    __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_digest", "notices", "permanent", "num_slices", "value")
+    __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_digest", "notices", "permanent", "num_slices", "value", "lane")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROOT_CAUSE_HOST_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
@@ -562,6 +564,7 @@ class JobEnd(_message.Message):
     PERMANENT_FIELD_NUMBER: _ClassVar[int]
     NUM_SLICES_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
     state: JobState
     root_cause_host: int
     hosts: _containers.RepeatedCompositeFieldContainer[HostReport]
@@ -571,7 +574,8 @@ class JobEnd(_message.Message):
     permanent: bool
     num_slices: int
     value: bytes
-    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., root_cause_host: _Optional[int] = ..., hosts: _Optional[_Iterable[_Union[HostReport, _Mapping]]] = ..., detail: _Optional[str] = ..., result_digest: _Optional[bytes] = ..., notices: _Optional[_Iterable[str]] = ..., permanent: _Optional[bool] = ..., num_slices: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+    lane: DataTicket
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., root_cause_host: _Optional[int] = ..., hosts: _Optional[_Iterable[_Union[HostReport, _Mapping]]] = ..., detail: _Optional[str] = ..., result_digest: _Optional[bytes] = ..., notices: _Optional[_Iterable[str]] = ..., permanent: _Optional[bool] = ..., num_slices: _Optional[int] = ..., value: _Optional[bytes] = ..., lane: _Optional[_Union[DataTicket, _Mapping]] = ...) -> None: ...
 
 class Started(_message.Message):
     __slots__ = ("job_id", "pid", "coordinator_address")

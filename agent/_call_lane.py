@@ -1,0 +1,206 @@
+"""A caller's lane: a warm session's caller sends its next calls to the gateway
+on one plain TCP connection (the gateway's data port) instead of ``RunInline``.
+
+A gRPC call costs the caller about 0.8 ms of CPU and the gateway about as much
+(measured in ``benchmarks/transport_floor.py``): most of a warm call's cost on
+the caller's side. The caller asks for a lane (``JobSpec.offer_lane``); a call
+that leaves its warm session going ends with a ticket for it (``JobEnd.lane``),
+handed out on the gRPC call, where the token was checked. On the lane:
+
+- the caller sends ``CALL`` (what ``RunInline``'s one request would be), and
+  gets the call's events (``EVENT``) and then ``END``, or ``ERROR`` (what the
+  call was refused with: its status code, details and error kind, as JSON);
+- ``CANCEL``, or the caller closing the connection, cancels the running call,
+  as a gRPC caller that goes away does;
+- one call at a time;
+- a lane idle for ``IDLE_SECONDS`` is closed by the gateway.
+
+The call itself is served exactly as ``RunInline`` serves it (``run``), with a
+context that does what that needs of gRPC's (``LaneContext``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import select
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from remote_tpu._core.channels import ERROR_KIND_KEY
+from remote_tpu._core.data_wire import read_frame, send_frame
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+CALL = 1          # caller -> gateway: a RunRequest, its spec with the payload inside
+CANCEL = 2        # caller -> gateway: cancel the running call
+EVENT = 3         # gateway -> caller: an Event of the call
+END = 4           # gateway -> caller: the call's events are over
+ERROR = 5         # gateway -> caller: the call was refused (JSON: code, details, kind)
+
+# A lane no call came on for this long is closed (each holds one of the data
+# port's connections): the caller's next call goes on gRPC, and is offered a new one.
+IDLE_SECONDS = 600.0
+
+RunCall = Callable[[pb.RunRequest, "LaneContext"], Iterator[pb.Event]]
+
+
+class _Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class LaneContext:
+    """What serving a call needs of a gRPC servicer context."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self._active = True
+        self.trailing: tuple = ()
+
+    def abort(self, code: grpc.StatusCode, details: str):
+        raise _Aborted(code, details)
+
+    def set_trailing_metadata(self, metadata) -> None:
+        self.trailing = tuple(metadata)
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        with self._lock:
+            if self._active:
+                self._callbacks.append(callback)
+                return True
+        return False
+
+    def is_active(self) -> bool:
+        return self._active
+
+    def end(self) -> None:
+        """The call is over, or its caller went away: its callbacks run, once."""
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
+            self._active = False
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - every callback runs
+                log.exception("a lane call's callback failed")
+
+
+def offering(spec: pb.JobSpec, events: Iterator[pb.Event], data_port,
+             warm_owner: Callable[[], str], run: RunCall) -> Iterator[pb.Event]:
+    """A call's events; its end, when it leaves its caller's warm session
+    going, with a ticket for a lane on ``data_port`` that ``run`` serves."""
+    for event in events:
+        if data_port is not None and event.HasField("end") and \
+                event.end.state == pb.JOB_STATE_SUCCEEDED and spec.client_id and \
+                warm_owner() == spec.client_id:
+            ticket = data_port.issue(CallLane(run).serve)
+            if ticket is not None:
+                offered = pb.Event()
+                offered.CopyFrom(event)
+                offered.end.lane.CopyFrom(pb.DataTicket(
+                    port=data_port.port, nonce=data_port.nonce, ticket=ticket))
+                event = offered
+        yield event
+
+
+class CallLane:
+    """One caller's lane: this (the data port's connection) thread reads what
+    the caller sends; a runner thread of the lane's own serves each call."""
+
+    def __init__(self, run: RunCall) -> None:
+        self._run = run
+        self._calls: queue.Queue[pb.RunRequest | None] = queue.Queue()
+        self._current: LaneContext | None = None
+        self._pending = 0              # calls sent and not yet over
+        self._lock = threading.Lock()
+
+    def serve(self, sock: socket.socket) -> bytes:
+        sock.settimeout(None)
+        runner = threading.Thread(target=self._runner, args=(sock,), daemon=True,
+                                  name="call-lane")
+        runner.start()
+        try:
+            while True:
+                if not select.select([sock], [], [], IDLE_SECONDS)[0]:
+                    if self._idle():
+                        log.info("a caller's lane was idle for %g s: closed", IDLE_SECONDS)
+                        break
+                    continue
+                frame = read_frame(sock)
+                if frame is None:
+                    break
+                kind, body = frame
+                if kind == CALL:
+                    request = pb.RunRequest.FromString(body)
+                    with self._lock:
+                        self._pending += 1
+                    self._calls.put(request)
+                elif kind == CANCEL:
+                    self._cancel()
+                else:
+                    raise ConnectionError(f"unknown lane frame kind {kind}")
+        except (OSError, ValueError) as exc:       # (a DecodeError is a ValueError)
+            log.info("a caller's lane ended: %s", exc)
+        finally:
+            self._calls.put(None)
+            self._cancel()             # a caller that went away: as on gRPC
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            runner.join()
+        return b""
+
+    def _idle(self) -> bool:
+        with self._lock:
+            return not self._pending
+
+    def _cancel(self) -> None:
+        with self._lock:
+            context = self._current
+        if context is not None:
+            context.end()
+
+    def _runner(self, sock: socket.socket) -> None:
+        while (request := self._calls.get()) is not None:
+            context = LaneContext()
+            with self._lock:
+                self._current = context
+            try:
+                for event in self._run(request, context):
+                    send_frame(sock, EVENT, event.SerializeToString())
+                send_frame(sock, END)
+            except _Aborted as exc:
+                kind = dict(context.trailing).get(ERROR_KIND_KEY, "")
+                if not _send_error(sock, exc.code, exc.details, kind):
+                    return
+            except OSError as exc:       # the caller went away: serve() sees it too
+                log.info("a caller's lane broke: %s", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - said to the caller, as gRPC would
+                log.exception("a call on a caller's lane failed")
+                if not _send_error(sock, grpc.StatusCode.INTERNAL, str(exc), ""):
+                    return
+            finally:
+                with self._lock:
+                    self._current = None
+                    self._pending -= 1
+                context.end()
+
+
+def _send_error(sock: socket.socket, code: grpc.StatusCode, details: str, kind: str) -> bool:
+    try:
+        send_frame(sock, ERROR, json.dumps(
+            {"code": code.name, "details": details, "kind": kind}).encode())
+        return True
+    except OSError:
+        return False

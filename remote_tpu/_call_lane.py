@@ -1,0 +1,174 @@
+"""This process's lanes: a warm session's next calls sent to its gateway on one
+plain TCP connection instead of a gRPC call (the gateway's side, and why, is
+in ``agent/_call_lane.py``).
+
+A call that leaves a warm session going may end with a ticket (``JobEnd.lane``);
+``opened`` connects with it, and ``start`` sends the next call of this process
+to that gateway on it. Whatever goes wrong before the call's first event (no
+lane, the gateway closed it, it refused the call) sends the call with gRPC
+instead, under the same job id: the gateway runs a job id once, so nothing
+runs twice, and a refusal is said as gRPC says it. One call at a time on a
+lane: a call made while another is on it goes on gRPC.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from collections.abc import Iterator
+
+import grpc
+
+from ._core import data_wire
+from ._core.data_wire import read_frame, send_frame
+from ._core.proto import remote_tpu_pb2 as pb
+
+CALL, CANCEL, EVENT, END, ERROR = 1, 2, 3, 4, 5      # as agent/_call_lane.py
+
+_lock = threading.Lock()
+_lanes: dict[tuple[str, object], tuple[int, socket.socket]] = {}   # idle ones, by pid
+
+
+class LaneError(grpc.RpcError):
+    """What the gateway refused a call on a lane with, as a gRPC error says it."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, kind: str) -> None:
+        super().__init__(details)
+        self._code, self._details, self._kind = code, details, kind
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self):
+        from ._core.channels import ERROR_KIND_KEY
+        return ((ERROR_KIND_KEY, self._kind),) if self._kind else ()
+
+
+def opened(gateway: str, credentials, ticket: pb.DataTicket) -> None:
+    """Open the lane a call's end offered (an earlier one of this gateway's closes)."""
+    if not ticket.port or not data_wire.worth_trying(gateway, credentials):
+        return
+    try:
+        sock = data_wire.connect(gateway, ticket.port, ticket.nonce)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(ticket.ticket)
+        sock.settimeout(None)
+    except (data_wire.Unreachable, OSError):
+        return                       # its calls go on gRPC, as before
+    _put((gateway, credentials), sock)
+
+
+def close(gateway: str) -> None:
+    """Close this process's lanes to ``gateway`` (its warm workers were released)."""
+    with _lock:
+        gone = [_lanes.pop(key) for key in [k for k in _lanes if k[0] == gateway]]
+    for pid, sock in gone:
+        if pid == os.getpid():
+            sock.close()
+
+
+def _put(key, sock: socket.socket) -> None:
+    with _lock:
+        old = _lanes.pop(key, None)
+        _lanes[key] = (os.getpid(), sock)
+    if old is not None and old[0] == os.getpid():
+        old[1].close()
+
+
+def _take(key) -> socket.socket | None:
+    with _lock:
+        entry = _lanes.pop(key, None)
+    if entry is None or entry[0] != os.getpid():      # (a forked child's is its parent's)
+        return None
+    return entry[1]
+
+
+def start(gateway: str, credentials, request: pb.RunRequest) -> LaneStream | None:
+    """Send a call on this process's lane to ``gateway``, up to its first event;
+    None when it must go on gRPC instead (no lane, or it did not take the call)."""
+    key = (gateway, credentials)
+    sock = _take(key)
+    if sock is None:
+        return None
+    stream = LaneStream(key, sock)
+    try:
+        send_frame(sock, CALL, request.SerializeToString())
+        first = stream.next_event()
+    except (OSError, ValueError, LaneError):
+        stream.close()
+        return None
+    except BaseException:
+        stream.close()             # Ctrl-C: the gateway cancels the call
+        raise
+    if first is None:              # the call's events were over before any came
+        stream.close()
+        return None
+    stream.first = first
+    return stream
+
+
+class LaneStream:
+    """A call's events on a lane, read as a gRPC stream's are; ``cancel`` (or a
+    stream left unfinished) closes the lane, and the gateway cancels the call."""
+
+    def __init__(self, key, sock: socket.socket) -> None:
+        self._key = key
+        self._sock = sock
+        self.first: pb.Event | None = None
+        self._over = False
+
+    def next_event(self) -> pb.Event | None:
+        """The next event; None once the call's events are over."""
+        frame = read_frame(self._sock)
+        if frame is None:
+            raise ConnectionError("the gateway closed the lane")
+        kind, body = frame
+        if kind == EVENT:
+            return pb.Event.FromString(body)
+        if kind == END:
+            self._over = True
+            return None
+        if kind == ERROR:
+            self._over = True
+            said = json.loads(body)
+            raise LaneError(getattr(grpc.StatusCode, said.get("code", ""),
+                                    grpc.StatusCode.UNKNOWN),
+                            said.get("details", ""), said.get("kind", ""))
+        raise ConnectionError(f"unknown lane frame kind {kind}")
+
+    def __iter__(self) -> Iterator[pb.Event]:
+        try:
+            if self.first is not None:
+                first, self.first = self.first, None
+                yield first
+            while (event := self._next()) is not None:
+                yield event
+        finally:
+            if self._over:
+                _put(self._key, self._sock)         # for the next call
+            else:
+                self.close()
+
+    def _next(self) -> pb.Event | None:
+        try:
+            return self.next_event()
+        except (OSError, ValueError) as exc:
+            self.close()
+            raise LaneError(grpc.StatusCode.UNAVAILABLE,
+                            f"the lane to the gateway broke during the call: {exc}", "") \
+                from None
+
+    def cancel(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._over = False
+        try:
+            self._sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,143 @@
+"""A caller's lane (remote_tpu/_call_lane.py, agent/_call_lane.py): a warm
+session's next calls go to the gateway on one plain TCP connection of its data
+port instead of RunInline. Two real agents, real callers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+import remote_tpu
+from remote_tpu import _call_lane as lane
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+from conftest import ROOT, Agents, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def agents():
+    a = Agents(2)
+    yield a
+    a.stop()
+
+
+@pytest.fixture
+def slice_(agents):
+    yield agents
+    remote_tpu.release(hosts=agents.addresses[0], token=agents.token)
+
+
+def _on(agents, **kw):
+    kw.setdefault("stream", "none")
+    return remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0],
+                          token=agents.token, **kw)
+
+
+def _lanes_to(agents, pid: int | None = None) -> int:
+    """This process's (or ``pid``'s) connections to the gateway's data port."""
+    proc = psutil.Process(pid or os.getpid())
+    return sum(1 for c in proc.net_connections("tcp") if c.status == psutil.CONN_ESTABLISHED
+               and c.raddr and c.raddr.port == agents.data_ports[0])
+
+
+def _count():
+    s = remote_tpu.state
+    s["n"] = s.get("n", 0) + 1
+    print(f"call {s['n']}", flush=True)
+    return s["n"]
+
+
+def test_a_warm_sessions_next_calls_go_on_one_lane_output_value_and_errors_alike(
+        slice_, capfd):
+    step = _on(slice_, keep_warm=60, stream="all")(_count)
+    assert step() == 1
+    assert _lanes_to(slice_) == 1                # offered by the first call's end
+    assert [step() for _ in range(3)] == [2, 3, 4]
+    assert _lanes_to(slice_) == 1                # the same one, each call
+    out = capfd.readouterr().out
+    assert all(out.count(f"call {n}") == 2 for n in range(1, 5)), out   # both hosts, live
+
+    @_on(slice_, keep_warm=60)
+    def fails():
+        raise KeyError("on the lane")
+    with pytest.raises(KeyError, match="on the lane") as info:
+        fails()
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "raised on host" in notes and "warm workers were stopped" in notes
+    assert step() == 1                           # fresh workers, from gRPC again
+
+
+def test_a_call_without_keep_warm_gets_no_lane(slice_):
+    assert _on(slice_)(lambda: 5)() == 5
+    assert _lanes_to(slice_) == 0
+
+
+def test_a_refused_call_goes_on_grpc_and_is_refused_there_as_it_says(slice_):
+    step = _on(slice_, keep_warm=60)(_count)
+    step()
+    key = (slice_.addresses[0], next(iter(lane._lanes))[1])
+    bad = pb.RunRequest(spec=pb.JobSpec(job_id="no/such id", role=pb.ROLE_GATEWAY))
+    assert lane.start(key[0], key[1], bad) is None      # refused: the caller uses gRPC
+    assert step() == 2                                  # (and is offered a new lane)
+
+
+def test_a_lane_cut_between_calls_costs_nothing_but_the_lane(slice_):
+    step = _on(slice_, keep_warm=60)(_count)
+    assert step() == 1 and step() == 2
+    done = subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=",
+                           str(slice_.data_ports[0])], capture_output=True, text=True)
+    if done.returncode or not wait_until(lambda: _lanes_to(slice_) == 0, timeout=2):
+        pytest.skip(f"cannot cut a TCP connection here (ss -K): {done.stderr.strip()}")
+    assert step() == 3                           # on gRPC, same workers, same state
+    assert _lanes_to(slice_) == 1                # and a lane again
+
+
+def test_a_caller_killed_during_a_lane_call_cancels_it_on_every_host(slice_):
+    code = ("import time, remote_tpu\n"
+            f"@remote_tpu.run(accelerator='tpu-v4-16', hosts={slice_.addresses[0]!r}, "
+            f"token={slice_.token!r}, stream='none', keep_warm=60)\n"
+            "def step(sleep):\n"
+            "    time.sleep(sleep)\n"
+            "    return 1\n"
+            "step(0)\n"
+            "print('calling', flush=True)\n"
+            "step(300)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == "calling"
+        assert wait_until(lambda: _lanes_to(slice_, proc.pid) == 1, timeout=10)
+
+        def running():
+            return [j for j in remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)
+                    if j.state == "RUNNING"]
+        assert wait_until(running, timeout=10)
+        proc.send_signal(signal.SIGKILL)
+        start = time.monotonic()
+        assert wait_until(lambda: not running(), timeout=10)
+        assert time.monotonic() - start < 5
+        job = remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)[0]
+        assert job.state == "CANCELLED" and "went away" in job.detail, job
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_forked_child_does_not_use_its_parents_lane(slice_):
+    step = _on(slice_, keep_warm=60)(_count)
+    step()
+    key = next(iter(lane._lanes))
+    pid = os.fork()
+    if pid == 0:                                  # the child: the lane is not its own
+        os._exit(0 if lane._take(key) is None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert step() == 2 and _lanes_to(slice_) == 1   # the parent's still works
