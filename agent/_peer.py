@@ -165,17 +165,23 @@ class PeerRole:
             record.set_phase(pb.JOB_PHASE_FAILED, "the call could not be prepared on this host")
             return
         events = EventQueue()
-        # A warm session's next calls: (spec, payload, whether it came on the
-        # lane); None: no more.
+        # A warm session's next calls, handed to the worker by the thread that
+        # received each (``_begin``): what to send back before their events,
+        # and whether each came on the lane; None: no more.
         nexts: queue.Queue = queue.Queue()
         run = WorkerRun(host=spec.process_id, call=call,
                         emit=events.put, forward_output=True,
                         warm=spec.keep_warm_seconds > 0, spares=self._host.spares)
+        outputs = [self._outputs(spec, record)]       # the current call's
+
+        def begin(next_spec: pb.JobSpec, data: bytes | str, on_lane: bool) -> None:
+            nexts.put((self._begin(run, next_spec, data, record, pinned, outputs, events),
+                       on_lane))
 
         def lane_call(next_spec: pb.JobSpec) -> None:
             data = next_spec.payload
             next_spec.ClearField("payload")       # (the worker checks its digest)
-            nexts.put((next_spec, data, True))
+            begin(next_spec, data, True)
         lane = PeerLane(lane_call, lambda: threading.Thread(target=run.cancel,
                                                              daemon=True).start())
         on_lane = [False]                       # the current call came on the lane
@@ -188,7 +194,7 @@ class PeerRole:
                         data = self._host.uploads.receive(
                             req.next_call, requests,
                             os.path.join(record.dir, _worker.PAYLOAD_FILE), context)
-                        nexts.put((req.next_call, data, False))
+                        begin(req.next_call, data, False)
                     elif req.control == pb.CONTROL_RELEASE:
                         run.release()
                     elif req.control == pb.CONTROL_CANCEL:
@@ -217,7 +223,6 @@ class PeerRole:
                  spec.coordinator_address)
         self._runs[(spec.job_id, spec.process_id)] = run
         final = pb.JOB_PHASE_LOST
-        outputs = [self._outputs(spec, record)]       # the current call's
         try:
             run.start()
             threading.Thread(target=obey, daemon=True, name="peer-control").start()
@@ -241,6 +246,10 @@ class PeerRole:
                 if event.HasField("exited") and event.exited.warm and not on_lane[0] \
                         and not lane.offered and (offer := lane.offer(self._host.data_port())):
                     yield pb.Event(host=event.host, lane=offer)
+                if event.HasField("exited") and event.exited.warm:
+                    # Before the gateway hears of it (and may send the next call):
+                    self._host.blobs.unpin(pinned)      # its worker has them mapped
+                    pinned.clear()
                 if not (yield from _deliver(event, lane, on_lane[0])):
                     return
                 if not event.HasField("exited"):
@@ -250,10 +259,11 @@ class PeerRole:
                     final = pb.JOB_PHASE_PREEMPTED
                 if not event.exited.warm:
                     return
-                self._host.blobs.unpin(pinned)      # its worker has them mapped
-                pinned.clear()
-                for event in self._next_call(run, nexts, events, record, pinned, outputs,
-                                             on_lane):
+                item = nexts.get()          # the session's next call, begun
+                if item is None:
+                    return
+                said, on_lane[0] = item
+                for event in said:
                     if not (yield from _deliver(event, lane, on_lane[0])):
                         return
         finally:
@@ -277,36 +287,38 @@ class PeerRole:
         return OutputSync(spec, self._host.store.state_dir, [spec.process_id], record.say,
                           self._host.output_interval).start()
 
-    def _next_call(self, run: WorkerRun, nexts: queue.Queue, events: EventQueue,
-                   record: JobRecord, pinned: list[pb.BlobRef],
-                   outputs: list[OutputSync], on_lane: list[bool]) -> Iterator[pb.Event]:
-        """Wait for the warm session's next call and hand it to the parked
-        worker (returns at once when the session is over: the caller then sees
-        no more events and ends). ``on_lane[0]`` says where the call came
-        from: its events go back the same way."""
-        item = nexts.get()
-        if item is None:
-            events.put(None)
-            return
-        spec, payload, on_lane[0] = item
+    def _begin(self, run: WorkerRun, spec: pb.JobSpec, payload: bytes | str,
+               record: JobRecord, pinned: list[pb.BlobRef], outputs: list[OutputSync],
+               events: EventQueue) -> list[pb.Event]:
+        """Hand a warm session's next call to the parked worker, in the thread
+        that received it (no hand-off on the way). Returns what to send back
+        before the call's own events: what preparing it said, or why it could
+        not start (the session then ends: its events end too)."""
         paths, why = self._pin(spec)
         if paths is None:
-            yield pb.Event(host=run.host, exited=pb.HostReport(
-                host=run.host, state=pb.HOST_STATE_LOST, finished_at=time.time(), detail=why))
             events.put(None)
-            return
+            return [pb.Event(host=run.host, exited=pb.HostReport(
+                host=run.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
+                detail=why))]
         self._host.blobs.unpin(pinned)          # the last call's: its worker mapped them
         pinned[:] = refs_of(spec)
-        call = yield from self._prepare(spec, payload, record, paths, run.host)
+        said: list[pb.Event] = []
+        preparing = self._prepare(spec, payload, record, paths, run.host)
+        try:
+            while True:
+                said.append(next(preparing))
+        except StopIteration as done:
+            call = done.value
         if call is None:
             events.put(None)
-            return
+            return said
         outputs[0] = self._outputs(spec, record)
         if not run.next_call(call, events.put):
-            yield pb.Event(host=run.host, exited=pb.HostReport(
-                host=run.host, state=pb.HOST_STATE_DIED, exited=True,
-                detail="its warm worker had exited since the last call"))
             events.put(None)
+            said.append(pb.Event(host=run.host, exited=pb.HostReport(
+                host=run.host, state=pb.HOST_STATE_DIED, exited=True,
+                detail="its warm worker had exited since the last call")))
+        return said
 
 
 def _deliver(event: pb.Event, lane: PeerLane, on_lane: bool
