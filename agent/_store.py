@@ -146,8 +146,14 @@ class JobStore:
 
     def create(self, spec: pb.JobSpec, role: int) -> tuple[JobRecord, bool]:
         """A new QUEUED record, or the existing one (created = False)."""
+        key = self._key(spec.job_id, role)
         with self._lock:
-            existing = self.get(spec.job_id, role)
+            # Every job in the table is live, unsaved, moving or finished
+            # (``_done``): a new id costs no query.
+            with self._done_lock:
+                finished = key in self._done
+            existing = self._live.get(key) or self._unsaved.get(key) or \
+                self._moving.get(key) or (self.get(spec.job_id, role) if finished else None)
             if existing is not None:
                 return existing, False
             status = pb.JobStatus(job_id=spec.job_id, phase=pb.JOB_PHASE_QUEUED,
@@ -202,13 +208,13 @@ class JobStore:
             return
         self._unsaved.pop(key, None)
         if phase in FINISHED:
-            self._live.pop(key, None)
             with self._done_lock:
                 entry = self._done_entry(key, record.job_id, record.role)
                 self._measured(key, None)        # (its files may have changed)
                 if record.result is not None:
                     self._done_bytes += len(record.result) - entry[3]
                     entry[3] = len(record.result)
+            self._live.pop(key, None)            # (after: ``create`` looks in both)
 
     def _done_entry(self, key: str, job_id: str, role: int) -> list:
         """(With ``_done_lock`` held, or alone.) A finished job's entry, made

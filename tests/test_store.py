@@ -87,6 +87,22 @@ def test_create_twice_returns_the_existing_record_not_a_new_one(store):
     assert listed(store) == ["job-a"]
 
 
+def test_an_id_is_known_again_after_a_restart_and_as_its_job_ends(state):
+    """A new id costs no query (create looks in memory), so memory must know
+    every job the table holds: those of an earlier run, and one ending now."""
+    store = JobStore(state)
+    finish(store, "job-a")
+    store.create(spec("job-b"), pb.ROLE_GATEWAY)              # left running
+    again = JobStore(state)                                    # restarted
+    for job_id, phase in (("job-a", pb.JOB_PHASE_SUCCEEDED), ("job-b", pb.JOB_PHASE_LOST)):
+        record, created = again.create(spec(job_id), pb.ROLE_GATEWAY)
+        assert created is False and record.status.phase == phase
+    record, _ = again.create(spec("job-c"), pb.ROLE_GATEWAY)
+    record.set_phase(pb.JOB_PHASE_SUCCEEDED)
+    assert again.create(spec("job-c"), pb.ROLE_GATEWAY)[1] is False
+    assert again.create(spec("job-c"), pb.ROLE_PEER)[1] is True     # (each role its own)
+
+
 def test_create_of_a_finished_job_again_returns_it_finished(store):
     finish(store, "job-a")
     again, created = store.create(spec("job-a"), pb.ROLE_GATEWAY)
