@@ -151,8 +151,9 @@ class GatewayJob:
             self.events.close()
             for h in self.handles:
                 h.close()
-            if self.session_id and not self.warm_kept:
-                self.end_warm()
+            if self.session_id and not self.warm_kept:   # ends its warm session:
+                for h in self.handles:                   # (a peer's worker ends with its call)
+                    h.stop()
             if self.tpu is not None:
                 self.tpu.release()
 
@@ -169,12 +170,6 @@ class GatewayJob:
             session_id=self.session_id, spec=self.spec, coordinator=self.coordinator,
             locals_=self.locals, remotes=self.remotes,
             record=session_record(store, self.spec, self.session_id))
-
-    def end_warm(self) -> None:
-        """Stop every worker of this call's warm session, here and on the peers
-        (ending a peer's call ends its worker)."""
-        for handle in self.handles:
-            handle.stop()
 
     def _preflight(self) -> list[pb.HostReport]:
         """Every peer must answer, accept our credentials and speak our protocol
@@ -211,15 +206,34 @@ class GatewayJob:
         return refused
 
     def _run(self) -> Iterator[pb.Event]:
-        # Process 0 hosts the JAX coordinator: start it first.
+        # Process 0 hosts the JAX coordinator: start it first. (Warm, it is up:
+        # the peers' calls go first, each on its way while the next is sent.)
+        if not self.reuse:
+            self._start_locals()
+        self._start_remotes()
+        if self.reuse:
+            self._start_locals()
+        timer = None
+        if self.spec.timeout_seconds > 0:
+            timer = threading.Timer(self.spec.timeout_seconds, self.events.put, (_TIMED_OUT,))
+            timer.daemon = True
+            timer.start()
+        try:
+            yield from self._main_loop()
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _start_locals(self) -> None:
         for local, call in zip(self.locals, self._local_calls):
             if not self.reuse:
                 local.start()
             elif not local.next_call(call, self.events.put):
                 self.events.put(pb.Event(host=local.host, exited=pb.HostReport(
-                    host=local.host, state=pb.HOST_STATE_DIED, exited=True,
-                    finished_at=time.time(),
+                    host=local.host, state=pb.HOST_STATE_DIED, exited=True, finished_at=time.time(),
                     detail="its warm worker had exited since the last call")))
+
+    def _start_remotes(self) -> None:
         for remote, (_, spec) in zip(self.remotes, self._peer_specs):
             if not self.reuse:
                 remote.start()
@@ -232,18 +246,6 @@ class GatewayJob:
                 self.events.put(pb.Event(host=remote.host, exited=pb.HostReport(
                     host=remote.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
                     detail=f"agent at {remote.address} dropped the warm session's call")))
-        deadline = (time.monotonic() + self.spec.timeout_seconds
-                    if self.spec.timeout_seconds > 0 else None)
-        timer = None
-        if deadline is not None:
-            timer = threading.Timer(self.spec.timeout_seconds, self.events.put, (_TIMED_OUT,))
-            timer.daemon = True
-            timer.start()
-        try:
-            yield from self._main_loop()
-        finally:
-            if timer is not None:
-                timer.cancel()
 
     def _main_loop(self) -> Iterator[pb.Event]:
         while True:

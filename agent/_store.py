@@ -146,14 +146,8 @@ class JobStore:
 
     def create(self, spec: pb.JobSpec, role: int) -> tuple[JobRecord, bool]:
         """A new QUEUED record, or the existing one (created = False)."""
-        key = self._key(spec.job_id, role)
         with self._lock:
-            # Every job in the table is live, unsaved, moving or finished
-            # (``_done``): a new id costs no query.
-            with self._done_lock:
-                finished = key in self._done
-            existing = self._live.get(key) or self._unsaved.get(key) or \
-                self._moving.get(key) or (self.get(spec.job_id, role) if finished else None)
+            existing = self.get(spec.job_id, role)
             if existing is not None:
                 return existing, False
             status = pb.JobStatus(job_id=spec.job_id, phase=pb.JOB_PHASE_QUEUED,
@@ -173,6 +167,11 @@ class JobStore:
         record = self._live.get(key) or self._unsaved.get(key) or self._moving.get(key)
         if record is not None:
             return record
+        # Every job in the table is live, unsaved, moving or finished
+        # (``_done``): an id it does not hold costs no query.
+        with self._done_lock:
+            if key not in self._done:
+                return None
         rows = self._sql("SELECT job_id, role, spec, status FROM jobs WHERE job_id = ? "
                          "AND role = ?", (job_id, role))
         return self._record(*rows[0]) if rows else None

@@ -27,7 +27,7 @@ import ctypes
 import faulthandler
 import mmap
 import os
-import queue
+import select
 import signal
 import socket
 import sys
@@ -56,24 +56,58 @@ RESULT_FILE = "result.bin"
 EXCEPTION_FILE = "exception.txt"   # the whole traceback, when the report had to cut it
 
 
-def _watch_control(fd: int, calls: queue.Queue) -> None:
-    """The agent's orders: None = exit (release), a frame = the next call."""
-    while True:
-        frame = wire.read_frame(fd)
-        if frame is not None and frame[0] == wire.RELEASE:
-            calls.put(None)
-            return
-        if frame is not None and frame[0] == wire.CALL:
-            calls.put(frame)
-            continue
-        # The agent is gone (or garbled its pipe): nothing of this job may outlive it.
-        try:
-            os.write(2, b"\n[remote_tpu: the worker's control pipe from the agent "
-                        + (b"ended" if frame is None else b"sent an unknown frame")
-                        + b"; the worker stops]\n")
-        except OSError:
-            pass
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+def _next_order(fd: int) -> tuple | None:
+    """The agent's next order, read by the main thread: a call's frame, or
+    None to exit (release). The agent gone (or its pipe garbled): nothing of
+    this job may outlive it."""
+    frame = wire.read_frame(fd)
+    if frame is not None and frame[0] == wire.RELEASE:
+        return None
+    if frame is not None and frame[0] == wire.CALL:
+        return frame
+    _agent_gone(b"ended" if frame is None else b"sent an unknown frame")
+    raise AssertionError("unreachable")
+
+
+def _agent_gone(how: bytes) -> None:
+    try:
+        os.write(2, b"\n[remote_tpu: the worker's control pipe from the agent " + how
+                 + b"; the worker stops]\n")
+    except OSError:
+        pass
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _order(fd: int, watch: _ControlWatch) -> tuple | None:
+    """The next order, read with the watch off (a release leaves it off: the
+    agent may close the pipe as this process exits)."""
+    watch.away.clear()
+    frame = _next_order(fd)
+    if frame is not None:
+        watch.away.set()
+    return frame
+
+
+class _ControlWatch(threading.Thread):
+    """While the main thread is not reading the control pipe (a call runs, or
+    jax is being imported), the agent's end closing kills the process group:
+    this thread polls the pipe for its end only (it never reads it, so the
+    main thread takes each order itself, with no hand-off between threads)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(daemon=True, name="remote-tpu-control")
+        self._fd = fd
+        self.away = threading.Event()          # set: the main thread is not reading
+
+    def run(self) -> None:
+        poll = select.poll()
+        poll.register(self._fd, select.POLLHUP | select.POLLERR)
+        while True:
+            if poll.poll() and self.away.is_set():
+                _agent_gone(b"ended")
+            # The main thread reads: it sees the end itself (now, or in a moment).
+            self.away.wait()
+            time.sleep(0.05)
 
 
 def _await_coordinator(address: str, timeout: float) -> None:
@@ -320,16 +354,16 @@ def main() -> None:
     faulthandler.register(STACKS_SIGNAL, file=stacks_file, all_threads=True)
     wire.write_frame(status_fd, wire.READY)
 
-    calls: queue.Queue = queue.Queue()
-    threading.Thread(target=_watch_control, args=(control_fd, calls), daemon=True,
-                     name="remote-tpu-control").start()
+    watch = _ControlWatch(control_fd)
+    watch.away.set()
+    watch.start()
     _name_process("rtpu-spare" if "--spare" in sys.argv else "rtpu-worker")
     if _wants_jax():
         import jax  # noqa: F401 - while the first call is on its way (it does not take the TPU)
 
     from remote_tpu._core import serialization  # noqa: F401 - likewise
 
-    frame = calls.get()
+    frame = _order(control_fd, watch)
     _name_process("rtpu-worker")
     failure = None
     initialized = False
@@ -353,7 +387,7 @@ def main() -> None:
         _flush_output(close=not warm or failure is not None)
         wire.write_frame(status_fd, wire.DONE, outcome, result)
         del result
-        frame = calls.get()
+        frame = _order(control_fd, watch)
     os._exit(0)
 
 
