@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from remote_tpu._core.channels import ERROR_KIND_KEY
+from remote_tpu._core import data_wire
 from remote_tpu._core.data_wire import read_frame, send_frame
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
@@ -46,6 +47,9 @@ ERROR = 5         # gateway -> caller: the call was refused (JSON: code, details
 # A lane no call came on for this long is closed (each holds one of the data
 # port's connections): the caller's next call goes on gRPC, and is offered a new one.
 IDLE_SECONDS = 600.0
+# A caller silent this long (its host gone, the network cut) counts as gone,
+# and its call is cancelled: as the agent's gRPC keepalive finds such callers.
+SILENCE_SECONDS = 3.0
 
 RunCall = Callable[[pb.RunRequest, "LaneContext"], Iterator[pb.Event]]
 
@@ -73,10 +77,14 @@ class LaneContext:
         self.trailing = tuple(metadata)
 
     def add_callback(self, callback: Callable[[], None]) -> bool:
+        """Run ``callback`` when the call ends; at once if it has (its caller
+        went away before the call got this far: what the callback does for a
+        caller that goes away must still be done)."""
         with self._lock:
             if self._active:
                 self._callbacks.append(callback)
                 return True
+        callback()
         return False
 
     def is_active(self) -> bool:
@@ -102,7 +110,7 @@ def offering(spec: pb.JobSpec, events: Iterator[pb.Event], data_port,
         if data_port is not None and event.HasField("end") and \
                 event.end.state == pb.JOB_STATE_SUCCEEDED and spec.client_id and \
                 warm_owner() == spec.client_id:
-            ticket = data_port.issue(CallLane(run).serve)
+            ticket = data_port.issue(CallLane(run).serve, lane=True)
             if ticket is not None:
                 offered = pb.Event()
                 offered.CopyFrom(event)
@@ -121,16 +129,20 @@ class CallLane:
         self._calls: queue.Queue[pb.RunRequest | None] = queue.Queue()
         self._current: LaneContext | None = None
         self._pending = 0              # calls sent and not yet over
+        self._gone = False             # the caller went away: no call of it starts
         self._lock = threading.Lock()
 
     def serve(self, sock: socket.socket) -> bytes:
         sock.settimeout(None)
+        data_wire.keep_alive(sock, SILENCE_SECONDS)
         runner = threading.Thread(target=self._runner, args=(sock,), daemon=True,
                                   name="call-lane")
         runner.start()
+        poll = select.poll()
+        poll.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
         try:
             while True:
-                if not select.select([sock], [], [], IDLE_SECONDS)[0]:
+                if not poll.poll(IDLE_SECONDS * 1000):
                     if self._idle():
                         log.info("a caller's lane was idle for %g s: closed", IDLE_SECONDS)
                         break
@@ -151,6 +163,8 @@ class CallLane:
         except (OSError, ValueError) as exc:       # (a DecodeError is a ValueError)
             log.info("a caller's lane ended: %s", exc)
         finally:
+            with self._lock:
+                self._gone = True
             self._calls.put(None)
             self._cancel()             # a caller that went away: as on gRPC
             try:
@@ -174,6 +188,9 @@ class CallLane:
         while (request := self._calls.get()) is not None:
             context = LaneContext()
             with self._lock:
+                if self._gone:             # sent, then the caller went away
+                    self._pending -= 1
+                    continue
                 self._current = context
             try:
                 for event in self._run(request, context):

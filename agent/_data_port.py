@@ -4,7 +4,9 @@ protocol is in ``remote_tpu/_core/data_wire.py``.
 
 A connection that brings no known ticket within ``_HELLO_SECONDS`` is closed; at
 most ``MAX_CONNECTIONS`` are served at once and ``MAX_TICKETS`` wait, each for
-``TICKET_SECONDS``: beyond them a sender is told to use gRPC.
+``TICKET_SECONDS``: beyond them a sender is told to use gRPC. A lane (a warm
+session's connection, ``_lane``, ``_call_lane``) stays open between calls: lanes
+are counted apart, at most ``MAX_LANES``, and take none of the transfers' room.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from remote_tpu._core import data_wire
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 64
+MAX_LANES = 256
 MAX_TICKETS = 1024
 TICKET_SECONDS = 60.0
 _HELLO_SECONDS = 10.0
@@ -38,8 +41,9 @@ class DataPort:
         self.port = self._listener.getsockname()[1]
         self.nonce = os.urandom(data_wire.NONCE_SIZE)
         self._lock = threading.Lock()
-        self._tickets: dict[bytes, tuple[float, Handler]] = {}
+        self._tickets: dict[bytes, tuple[float, Handler, bool]] = {}
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.lanes = 0
         self._closed = False
         threading.Thread(target=self._accept, daemon=True, name="data-port").start()
 
@@ -54,25 +58,36 @@ class DataPort:
         except OSError:
             pass
 
-    def issue(self, handler: Handler) -> bytes | None:
-        """A ticket for one connection, which ``handler`` serves; None when too
-        many wait already (the sender then uses gRPC)."""
+    def issue(self, handler: Handler, lane: bool = False) -> bytes | None:
+        """A ticket for one connection, which ``handler`` serves (``lane``: for
+        as long as it likes); None when too many wait already (the sender then
+        uses gRPC)."""
         now = time.monotonic()
         with self._lock:
-            for key in [k for k, (expiry, _) in self._tickets.items() if expiry < now]:
+            for key in [k for k, (expiry, *_) in self._tickets.items() if expiry < now]:
                 del self._tickets[key]
             if len(self._tickets) >= MAX_TICKETS:
                 return None
             ticket = os.urandom(data_wire.TICKET_SIZE)
-            self._tickets[ticket] = (now + TICKET_SECONDS, handler)
+            self._tickets[ticket] = (now + TICKET_SECONDS, handler, lane)
             return ticket
 
-    def _take(self, ticket: bytes) -> Handler | None:
+    def _take(self, ticket: bytes) -> tuple[Handler, bool] | None:
         with self._lock:
             entry = self._tickets.pop(ticket, None)
         if entry is None or entry[0] < time.monotonic():
             return None
-        return entry[1]
+        return entry[1], entry[2]
+
+    def _as_lane(self) -> bool:
+        """A lane's connection leaves the transfers' room for the lanes' own;
+        False when that is full."""
+        with self._lock:
+            if self.lanes >= MAX_LANES:
+                return False
+            self.lanes += 1
+        self._slots.release()
+        return True
 
     def _accept(self) -> None:
         while not self._closed:
@@ -90,21 +105,33 @@ class DataPort:
                              name="data-conn").start()
 
     def _serve(self, conn: socket.socket) -> None:
+        lane = False
         try:
             with conn:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn.settimeout(_HELLO_SECONDS)
                 conn.sendall(data_wire.MAGIC + self.nonce)
-                handler = self._take(data_wire.recv_exact(conn, data_wire.TICKET_SIZE,
-                                                          within=_HELLO_SECONDS))
-                if handler is None:
+                taken = self._take(data_wire.recv_exact(conn, data_wire.TICKET_SIZE,
+                                                        within=_HELLO_SECONDS))
+                if taken is None:
+                    return
+                handler, lane = taken
+                if lane and not self._as_lane():
+                    lane = False
+                    log.warning("%d lanes are open already: one more is refused (its calls "
+                                "go on gRPC)", MAX_LANES)
                     return
                 conn.settimeout(data_wire.IO_TIMEOUT)
                 reply = handler(conn)
-                data_wire.send_reply(conn, reply)
+                if not lane:
+                    data_wire.send_reply(conn, reply)
         except OSError as exc:          # the sender went away: its own side reports it
             log.debug("data port connection ended: %s", exc)
         except Exception:  # noqa: BLE001 - one connection's bug must not end the port
             log.exception("data port connection failed")
         finally:
-            self._slots.release()
+            if lane:
+                with self._lock:
+                    self.lanes -= 1
+            else:
+                self._slots.release()

@@ -16,8 +16,12 @@ event of those calls. No lane without a data port (TLS, ``--data-port -1``):
 calls then stay on gRPC, as they do for a call whose payload is not inline.
 
 The ``Run`` call stays the session's lifeline: ending it ends the peer's
-worker, as before. A lane that breaks ends the session on the gateway's side
-(the peer is taken as lost), and on the peer's the lane ends with its call.
+worker, as before, and cancellations go on it too. A lane that ends between
+calls costs nothing but itself (the next calls go on gRPC); one that ends
+while a call sent on it runs takes the peer as lost (whether the call got
+there cannot be known), and the session ends. A peer that cannot send an
+event on the lane sends it on the gRPC call instead. Each end's other end
+counts as gone after ``SILENCE_SECONDS`` of silence (``data_wire.keep_alive``).
 
 Frames, both ways: a 4-byte big-endian length, then one byte of kind and the
 body (a serialized protobuf message).
@@ -41,9 +45,12 @@ CANCEL = 2        # gateway -> peer: stop the worker (no body)
 EVENT = 3         # peer -> gateway: an Event of the call
 
 
+SILENCE_SECONDS = 10.0
+
+
 def _shut(sock: socket.socket) -> None:
     try:
-        sock.shutdown(socket.SHUT_RDWR)        # wakes a thread blocked in recv
+        sock.shutdown(socket.SHUT_RDWR)        # wakes a thread blocked in recv or send
     except OSError:
         pass
 
@@ -57,7 +64,7 @@ class PeerLane:
         self._on_call = on_call
         self._on_cancel = on_cancel
         self._sock: socket.socket | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()            # one frame at a time
         self._closed = False
         self.offered = False
 
@@ -67,7 +74,7 @@ class PeerLane:
         self.offered = True
         if data_port is None:
             return None
-        ticket = data_port.issue(self._serve)
+        ticket = data_port.issue(self._serve, lane=True)
         if ticket is None:
             return None
         return pb.DataTicket(port=data_port.port, nonce=data_port.nonce, ticket=ticket)
@@ -78,30 +85,33 @@ class PeerLane:
 
     def send(self, event: pb.Event) -> bool:
         """Send one event to the gateway; False once the lane is gone."""
+        sock = self._sock
+        if sock is None or self._closed:
+            return False
         with self._lock:
-            if self._sock is None or self._closed:
-                return False
             try:
-                send_frame(self._sock, EVENT, event.SerializeToString())
+                send_frame(sock, EVENT, event.SerializeToString())
                 return True
             except OSError as exc:
-                log.warning("lane to the gateway broke: %s", exc)
+                if not self._closed:
+                    log.warning("lane to the gateway broke: %s", exc)
                 self._closed = True
                 return False
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            sock = self._sock
+        """End the lane (never waits: a send blocked on a full socket fails)."""
+        self._closed = True
+        sock = self._sock
         if sock is not None:
             _shut(sock)
 
     def _serve(self, sock: socket.socket) -> bytes:
         sock.settimeout(None)           # idle between calls for as long as the session
-        with self._lock:
-            if self._closed:
-                return b""
-            self._sock = sock
+        data_wire.keep_alive(sock, SILENCE_SECONDS)
+        self._sock = sock
+        if self._closed:                # (close() saw no socket yet)
+            _shut(sock)
+            return b""
         try:
             while (frame := read_frame(sock)) is not None:
                 kind, body = frame
@@ -125,19 +135,21 @@ class GatewayLane:
     then calls ``on_end`` once with why ("" when we closed it)."""
 
     def __init__(self, sock: socket.socket, on_event: Callable[[pb.Event], None],
-                 on_end: Callable[[str], None], name: str) -> None:
+                 on_end: Callable[[str], None], name: str, silence: float) -> None:
         self._sock = sock
         self._on_event = on_event
         self._on_end = on_end
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()            # one frame at a time
         self._closed = False
+        self._ours = False
         sock.settimeout(None)
+        data_wire.keep_alive(sock, silence)
         self.reader = threading.Thread(target=self._read, daemon=True, name=name)
         self.reader.start()
 
     @classmethod
     def connect(cls, address: str, ticket: pb.DataTicket, on_event, on_end,
-                name: str) -> GatewayLane | None:
+                name: str, silence: float = SILENCE_SECONDS) -> GatewayLane | None:
         """Open the lane a peer offered; None when its data port cannot be used."""
         try:
             sock = data_wire.connect(address, ticket.port, ticket.nonce)
@@ -146,23 +158,24 @@ class GatewayLane:
         except (data_wire.Unreachable, OSError) as exc:
             log.info("no lane to %s (its calls stay on gRPC): %s", address, exc)
             return None
-        return cls(sock, on_event, on_end, name)
+        return cls(sock, on_event, on_end, name, silence)
 
     def send(self, kind: int, body: bytes = b"") -> bool:
         """Send a frame; False once the lane is gone (the call then goes on gRPC)."""
+        if self._closed:
+            return False
         with self._lock:
-            if self._closed:
-                return False
             try:
                 send_frame(self._sock, kind, body)
                 return True
             except OSError as exc:
-                log.warning("lane broke on send: %s", exc)
+                if not self._closed:
+                    log.warning("lane broke on send: %s", exc)
                 return False
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
+        """End the lane (never waits: a send blocked on a full socket fails)."""
+        self._ours = self._closed = True
         _shut(self._sock)
 
     def _read(self) -> None:
@@ -177,10 +190,11 @@ class GatewayLane:
         except (OSError, ValueError) as exc:
             why = f"the lane broke: {exc}"
         finally:
-            with self._lock:         # (no send is under way: closed under the lock)
-                ours, self._closed = self._closed, True
+            self._closed = True
+            _shut(self._sock)              # a send blocked on it fails at once
+            with self._lock:               # (and none is under way as it closes)
                 try:
                     self._sock.close()
                 except OSError:
                     pass
-            self._on_end("" if ours else why)
+            self._on_end("" if self._ours else why)

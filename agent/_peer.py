@@ -250,8 +250,7 @@ class PeerRole:
                     # Before the gateway hears of it (and may send the next call):
                     self._host.blobs.unpin(pinned)      # its worker has them mapped
                     pinned.clear()
-                if not (yield from _deliver(event, lane, on_lane[0])):
-                    return
+                yield from _deliver(event, lane, on_lane[0])
                 if not event.HasField("exited"):
                     continue
                 final = phase_of_host(event.exited.state)
@@ -264,8 +263,7 @@ class PeerRole:
                     return
                 said, on_lane[0] = item
                 for event in said:
-                    if not (yield from _deliver(event, lane, on_lane[0])):
-                        return
+                    yield from _deliver(event, lane, on_lane[0])
         finally:
             lane.close()
             outputs[0].finish()
@@ -321,14 +319,11 @@ class PeerRole:
         return said
 
 
-def _deliver(event: pb.Event, lane: PeerLane, on_lane: bool
-             ) -> Generator[pb.Event, None, bool]:
-    """Send an event back the way its call came (yielded: on the gRPC call);
-    False once the lane is gone (the gateway takes this host as lost)."""
-    if on_lane:
-        return lane.send(event)
-    yield event
-    return True
+def _deliver(event: pb.Event, lane: PeerLane, on_lane: bool) -> Iterator[pb.Event]:
+    """Send an event back the way its call came (yielded: on the gRPC call,
+    also where the lane is gone)."""
+    if not (on_lane and lane.send(event)):
+        yield event
 
 
 def _lines(host: int, record: JobRecord, lines: list[str]) -> Iterator[pb.Event]:

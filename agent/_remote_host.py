@@ -22,7 +22,7 @@ from remote_tpu._core.limits import CHUNK_SIZE, INLINE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.versions import differences
 
-from ._lane import CALL, CANCEL, GatewayLane
+from ._lane import CALL, CANCEL, SILENCE_SECONDS, GatewayLane
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class RemoteHost:
         self.parked = False               # warm, between calls, its call still open
         self.finished = threading.Event()
         self._lane: GatewayLane | None = None     # the session's calls, once opened
+        self._on_lane = False                     # a call sent on it has not ended
 
     def preflight(self) -> tuple[str, bool]:
         """Check, before anything runs anywhere, that the peer answers, accepts
@@ -91,8 +92,9 @@ class RemoteHost:
 
     def cancel(self) -> None:
         lane = self._lane
-        if lane is None or not lane.send(CANCEL):
-            self._controls.put(pb.RunRequest(control=pb.CONTROL_CANCEL))
+        if lane is not None:          # the quicker way; gRPC too, should the lane be dead
+            lane.send(CANCEL)
+        self._controls.put(pb.RunRequest(control=pb.CONTROL_CANCEL))
 
     def next_call(self, spec: pb.JobSpec, payload: bytes | str,
                   emit: Callable[[pb.Event], None]) -> bool:
@@ -110,8 +112,12 @@ class RemoteHost:
             inline = pb.JobSpec()
             inline.CopyFrom(spec)
             inline.payload = payload
+            with self._lock:
+                self._on_lane = True
             if lane.send(CALL, inline.SerializeToString()):
                 return True
+            with self._lock:
+                self._on_lane = False
         for request in _call_requests(spec, payload, "next_call"):
             self._controls.put(request)
         return True
@@ -142,7 +148,8 @@ class RemoteHost:
         just parked, and the session's next call will use it if it is up)."""
         def connect() -> None:
             lane = GatewayLane.connect(self.address, ticket, self._relay_event,
-                                       self._lane_ended, name=f"lane{self.host}")
+                                       self._lane_ended, name=f"lane{self.host}",
+                                       silence=self._credentials.keepalive or SILENCE_SECONDS)
             if lane is None:
                 return
             with self._lock:
@@ -153,14 +160,22 @@ class RemoteHost:
         threading.Thread(target=connect, daemon=True, name=f"lane{self.host}-open").start()
 
     def _lane_ended(self, why: str) -> None:
-        """The lane is gone. Unless we closed it, so is the peer, for the session."""
+        """The lane is gone. Between calls that costs nothing but the lane (the
+        next calls go on gRPC); while a call sent on it runs, the peer is lost:
+        whether the call got there cannot be known, and the session ends."""
+        with self._lock:
+            self._lane = None
+            lost = self._on_lane and bool(why)
         if not why:
+            return
+        if not lost:
+            log.info("peer %d at %s: %s; its calls go on gRPC", self.host, self.address, why)
             return
         if not self._closed.is_set():
             log.warning("peer %d at %s: %s", self.host, self.address, why)
         self._send_exited(pb.HostReport(host=self.host, state=pb.HOST_STATE_LOST,
                                         finished_at=time.time(),
-                                        detail=f"agent at {self.address}: {why}"))
+                                        detail=f"agent at {self.address}: {why} during the call"))
         self.stop()
 
     def _relay_event(self, event: pb.Event) -> None:
@@ -225,6 +240,7 @@ class RemoteHost:
             if self._exited_sent:
                 return
             self._exited_sent = True
+            self._on_lane = False
             self.parked = report.warm and not self._closed.is_set()
             emit = self._emit
         emit(pb.Event(host=self.host, exited=report))

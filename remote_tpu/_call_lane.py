@@ -4,11 +4,12 @@ in ``agent/_call_lane.py``).
 
 A call that leaves a warm session going may end with a ticket (``JobEnd.lane``);
 ``opened`` connects with it, and ``start`` sends the next call of this process
-to that gateway on it. Whatever goes wrong before the call's first event (no
-lane, the gateway closed it, it refused the call) sends the call with gRPC
-instead, under the same job id: the gateway runs a job id once, so nothing
-runs twice, and a refusal is said as gRPC says it. One call at a time on a
-lane: a call made while another is on it goes on gRPC.
+to that gateway on it. A lane that cannot take the call (there is none, the
+gateway closed it, it broke) before the call's first event sends the call with
+gRPC instead, under the same job id: the gateway runs a job id once, so nothing
+runs twice. A call the gateway refuses raises what gRPC would have
+(``LaneError``). One call at a time on a lane: a call made while another is on
+it goes on gRPC. A forked child has no lanes (its parent's stay the parent's).
 """
 
 from __future__ import annotations
@@ -27,8 +28,22 @@ from ._core.proto import remote_tpu_pb2 as pb
 
 CALL, CANCEL, EVENT, END, ERROR = 1, 2, 3, 4, 5      # as agent/_call_lane.py
 
+# A gateway silent this long (its host gone, the network cut) counts as gone.
+SILENCE_SECONDS = 10.0
+
 _lock = threading.Lock()
 _lanes: dict[tuple[str, object], tuple[int, socket.socket]] = {}   # idle ones, by pid
+
+
+def _forget_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()           # (another thread may have held it at the fork)
+    for _, sock in _lanes.values():
+        sock.close()                   # the child's copies; the parent's lanes go on
+    _lanes.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class LaneError(grpc.RpcError):
@@ -58,6 +73,7 @@ def opened(gateway: str, credentials, ticket: pb.DataTicket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(ticket.ticket)
         sock.settimeout(None)
+        data_wire.keep_alive(sock, SILENCE_SECONDS)
     except (data_wire.Unreachable, OSError):
         return                       # its calls go on gRPC, as before
     _put((gateway, credentials), sock)
@@ -90,7 +106,8 @@ def _take(key) -> socket.socket | None:
 
 def start(gateway: str, credentials, request: pb.RunRequest) -> LaneStream | None:
     """Send a call on this process's lane to ``gateway``, up to its first event;
-    None when it must go on gRPC instead (no lane, or it did not take the call)."""
+    None when it must go on gRPC instead (no lane, or it could not take the
+    call). LaneError: the gateway refused the call."""
     key = (gateway, credentials)
     sock = _take(key)
     if sock is None:
@@ -99,7 +116,10 @@ def start(gateway: str, credentials, request: pb.RunRequest) -> LaneStream | Non
     try:
         send_frame(sock, CALL, request.SerializeToString())
         first = stream.next_event()
-    except (OSError, ValueError, LaneError):
+    except LaneError:
+        _put(key, sock)                # (the lane goes on: the refusal was its answer)
+        raise
+    except (OSError, ValueError):
         stream.close()
         return None
     except BaseException:
@@ -167,8 +187,11 @@ class LaneStream:
         self.close()
 
     def close(self) -> None:
+        """End the lane: the gateway cancels the call on it (a forked child's
+        copy of the socket must not keep it open)."""
         self._over = False
         try:
-            self._sock.close()
+            self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        self._sock.close()

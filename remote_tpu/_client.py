@@ -182,8 +182,8 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
             _release_at_exit(target)
         status.phase("remote_tpu: waiting for the slice")
         try:
-            stream = _on_lane(target, spec, payload) or target.call(
-                lambda t: _start_run(t, spec, payload, status), retry=True)
+            stream = target.call(lambda t: _on_lane(t, spec, payload) or _start_run(
+                t, spec, payload, status), retry=True)
         except BlobsMissing:     # evicted since they were sent: they go inside this time
             payload = payload.inline()
             spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,

@@ -80,13 +80,16 @@ def test_a_call_without_keep_warm_gets_no_lane(slice_):
     assert _lanes_to(slice_) == 0
 
 
-def test_a_refused_call_goes_on_grpc_and_is_refused_there_as_it_says(slice_):
+def test_a_refused_call_raises_what_grpc_would_and_the_lane_goes_on(slice_):
     step = _on(slice_, keep_warm=60)(_count)
     step()
-    key = (slice_.addresses[0], next(iter(lane._lanes))[1])
+    key = next(iter(lane._lanes))
     bad = pb.RunRequest(spec=pb.JobSpec(job_id="no/such id", role=pb.ROLE_GATEWAY))
-    assert lane.start(key[0], key[1], bad) is None      # refused: the caller uses gRPC
-    assert step() == 2                                  # (and is offered a new lane)
+    with pytest.raises(lane.LaneError) as info:
+        lane.start(key[0], key[1], bad)
+    assert info.value.code() is not None and info.value.details()
+    assert key in lane._lanes                           # the refusal was its answer
+    assert step() == 2 and _lanes_to(slice_) == 1       # and the next call goes on it
 
 
 def test_a_lane_cut_between_calls_costs_nothing_but_the_lane(slice_):
@@ -100,15 +103,19 @@ def test_a_lane_cut_between_calls_costs_nothing_but_the_lane(slice_):
     assert _lanes_to(slice_) == 1                # and a lane again
 
 
-def test_a_caller_killed_during_a_lane_call_cancels_it_on_every_host(slice_):
-    code = ("import time, remote_tpu\n"
+@pytest.mark.parametrize("forked", [False, True])
+def test_a_caller_killed_during_a_lane_call_cancels_it_on_every_host(slice_, forked):
+    """Also when the caller had forked a child, which holds a copy of the lane's
+    socket: a lane ended by its caller must end for the gateway."""
+    code = ("import os, time, remote_tpu\n"
             f"@remote_tpu.run(accelerator='tpu-v4-16', hosts={slice_.addresses[0]!r}, "
             f"token={slice_.token!r}, stream='none', keep_warm=60)\n"
             "def step(sleep):\n"
             "    time.sleep(sleep)\n"
             "    return 1\n"
             "step(0)\n"
-            "print('calling', flush=True)\n"
+            + ("if os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)\n" if forked else "")
+            + "print('calling', flush=True)\n"
             "step(300)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -129,6 +136,85 @@ def test_a_caller_killed_during_a_lane_call_cancels_it_on_every_host(slice_):
     finally:
         proc.kill()
         proc.communicate()
+
+
+def test_a_call_whose_caller_goes_away_at_once_is_cancelled(slice_):
+    """The call is sent on the lane and the lane closed right after, before the
+    gateway has started the call: it must not run with nobody attached."""
+    step = _on(slice_, keep_warm=60)(lambda sleep: __import__("time").sleep(sleep))
+    step(0)
+    from remote_tpu._core.serialization import dumps_call
+    from remote_tpu._client import _requests, _spec, _target
+    for i in range(5):
+        payload = dumps_call(step._fn, (30,), {})
+        spec = _spec(step.options, payload, f"gone-{i}", _target(step.options))
+        sock = lane._take(next(iter(lane._lanes)))
+        lane.send_frame(sock, lane.CALL, next(_requests(spec, payload)).SerializeToString())
+        sock.shutdown(__import__("socket").SHUT_RDWR)
+        sock.close()
+
+        def state():
+            return {j.id: j.state for j in remote_tpu.jobs(
+                hosts=slice_.addresses[0], token=slice_.token)}.get(f"gone-{i}")
+        assert wait_until(lambda: state() in ("CANCELLED", None), timeout=10), state()
+        step(0)                                     # (a new lane, for the next round)
+
+
+def test_buffers_evicted_since_they_were_sent_go_inside_the_call_on_a_lane_too(
+        slice_, monkeypatch):
+    """The gateway refuses the call (its argument cache lacks the buffers the
+    caller was told it had): the caller sends them inside the call instead, as
+    it does on gRPC, and the refusal does not end the lane."""
+    import numpy as np
+    from remote_tpu import _client
+
+    step = _on(slice_, keep_warm=60)(lambda a=None: 0.0 if a is None else float(a.sum()))
+    assert step() == 0.0
+    monkeypatch.setattr(_client.blobs, "send", lambda target, payload, progress=None: [
+        pb.BlobRef(digest=d, size=b.nbytes)
+        for d, b in zip(payload.blob_digests(), payload.blobs)])     # said held, never sent
+    assert step(np.ones(1 << 19, dtype=np.float32)) == float(1 << 19)
+    assert _lanes_to(slice_) == 1
+
+
+def test_a_caller_whose_host_goes_silent_has_its_call_cancelled(slice_):
+    """Its host gone without a word (no FIN: packets dropped): the gateway's
+    keepalive finds it within seconds, as gRPC's does for RunInline."""
+    rules = [["-p", "tcp", "--dport", str(slice_.data_ports[0]), "-j", "DROP"],
+             ["-p", "tcp", "--sport", str(slice_.data_ports[0]), "-j", "DROP"]]
+    probe = subprocess.run(["iptables", "-L", "INPUT"], capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"no iptables here: {probe.stderr.strip()}")
+    step = _on(slice_, keep_warm=60)(lambda sleep: __import__("time").sleep(sleep))
+    step(0)
+    import threading
+    ended: list[BaseException] = []
+
+    def call():
+        try:
+            step(60)
+        except BaseException as exc:        # noqa: BLE001 - said below
+            ended.append(exc)
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+
+    def running():
+        return [j for j in remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)
+                if j.state == "RUNNING"]
+    assert wait_until(running, timeout=10)
+    try:
+        for rule in rules:
+            subprocess.run(["iptables", "-I", "INPUT", *rule], check=True)
+        start = time.monotonic()
+        assert wait_until(lambda: not running(), timeout=20)
+        assert time.monotonic() - start < 10
+    finally:
+        for rule in rules:
+            subprocess.run(["iptables", "-D", "INPUT", *rule])
+    job = remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)[0]
+    assert job.state == "CANCELLED" and "went away" in job.detail, job
+    caller.join(30)                  # this end finds the lane gone too (its keepalive)
+    assert ended and not caller.is_alive()
 
 
 def test_a_forked_child_does_not_use_its_parents_lane(slice_):

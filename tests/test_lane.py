@@ -120,6 +120,47 @@ def test_a_lane_with_a_wrong_ticket_or_nonce_is_not_opened():
         port.close()
 
 
+@pytest.mark.parametrize("side", ["peer", "gateway"])
+def test_closing_an_end_whose_send_is_stuck_returns_at_once(side):
+    """The other end stops reading, and a send blocks on the full socket:
+    close() (as a gRPC callback of a call that ended calls it) must not wait
+    for that send, and the send then fails."""
+    port = DataPort("127.0.0.1")
+    stuck = threading.Event()
+    try:
+        peer = PeerLane(lambda spec: stuck.wait(), lambda: None)       # reads nothing more
+        ticket = peer.offer(port)
+        gateway = GatewayLane.connect(f"127.0.0.1:{port.port}", ticket,
+                                      lambda event: stuck.wait(), lambda why: None, "t")
+        assert wait_until(lambda: peer.open, timeout=5)
+        if side == "peer":
+            sender, closer = (lambda: peer.send(pb.Event(output=pb.Output(
+                data=b"x" * (1 << 20))))), peer.close
+        else:
+            body = pb.JobSpec(payload=b"x" * (1 << 20)).SerializeToString()
+            sender, closer = (lambda: gateway.send(CALL, body)), gateway.close
+        results: list[bool] = []
+
+        def send_until_stuck():
+            while True:
+                ok = sender()
+                results.append(ok)
+                if not ok:
+                    return
+        thread = threading.Thread(target=send_until_stuck, daemon=True)
+        thread.start()
+        time.sleep(1.5)                       # (the socket's buffers are full by now)
+        assert thread.is_alive()
+        start = time.monotonic()
+        closer()
+        assert time.monotonic() - start < 1
+        thread.join(5)
+        assert not thread.is_alive() and results[-1] is False
+    finally:
+        stuck.set()
+        port.close()
+
+
 def test_no_data_port_no_lane():
     assert PeerLane(lambda spec: None, lambda: None).offer(None) is None
 
@@ -195,16 +236,38 @@ def test_warm_calls_go_on_the_lane_with_their_output_and_large_payloads(slice_, 
 
 
 @pytest.mark.slow
-def test_a_lane_cut_between_calls_ends_the_session_and_the_next_call_says_so(slice_, capfd):
+def test_a_lane_cut_between_calls_costs_only_the_lane(slice_):
     step = _on(slice_)(_count)
     pids = step()["pids"]
     assert wait_until(lambda: _lane_open(slice_), timeout=10)
     _cut_lane(slice_)
-    assert wait_until(lambda: not [j for j in remote_tpu.jobs(
-        hosts=slice_.addresses[0], token=slice_.token) if j.state == "WARM"], timeout=10)
-    again = step()                                   # fresh workers, not an error
-    assert again["counts"] == [1, 1] and not set(again["pids"]) & set(pids)
-    assert "remote_tpu.state started empty" in capfd.readouterr().err
+    again = step()                                   # on gRPC: same workers, same state
+    assert again["counts"] == [2, 2] and again["pids"] == pids
+
+
+@pytest.mark.slow
+def test_a_call_on_gRPC_that_fails_reports_its_host_as_it_ended_not_its_lane(slice_):
+    """The call goes on gRPC (its payload is not inline) while the session has
+    a lane; the peer ends that call, and with it the lane, as its worker dies:
+    the host's own report says how, not a lane that closed."""
+    @_on(slice_)
+    def step(big: bytes, die: bool):
+        import os
+
+        import jax
+        if die and jax.process_index() == 1:
+            os._exit(3)
+        return len(big)
+
+    assert step(b"", False) == 0
+    assert wait_until(lambda: _lane_open(slice_), timeout=10)
+    for _ in range(3):
+        with pytest.raises(remote_tpu.JobFailedError) as info:
+            step(b"z" * (INLINE_BYTES + 1), True)
+        text = str(info.value)
+        assert "host 1: died (exited with code 3" in text and "lane" not in text, text
+        assert step(b"", False) == 0                    # (a new session, with its lane)
+        assert wait_until(lambda: _lane_open(slice_), timeout=10)
 
 
 @pytest.mark.slow
@@ -228,3 +291,43 @@ def test_a_lane_cut_during_a_call_fails_it_naming_the_peer(slice_):
     assert "lane" in text and "warm workers were stopped" in text, text
     assert time.monotonic() - start < 15             # fail-fast, not the sleep
     assert step(0) == 1
+
+
+@pytest.mark.slow
+def test_a_call_cancelled_while_its_peers_lane_is_black_holed_stops_within_2_s(slice_):
+    """The network drops the lane (not the gRPC call) during a call: cancelling
+    it reaches the peer on gRPC too, at once, not after the lane gives up."""
+    rules = [["-p", "tcp", "--dport", str(slice_.data_ports[1]), "-j", "DROP"],
+             ["-p", "tcp", "--sport", str(slice_.data_ports[1]), "-j", "DROP"]]
+    probe = subprocess.run(["iptables", "-L", "INPUT"], capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"no iptables here: {probe.stderr.strip()}")
+
+    @_on(slice_, stream="all")
+    def step(sleep: float):
+        import os
+        import time
+
+        print(f"pid {os.getpid()}", flush=True)
+        time.sleep(sleep)
+        return 1
+
+    assert step(0) == 1
+    assert wait_until(lambda: _lane_open(slice_), timeout=10)
+    handle = step.submit(60)                          # this caller's: on the lane
+    assert wait_until(lambda: handle.status().state == "RUNNING", timeout=30)
+    time.sleep(1)
+    workers = [p for a in slice_.procs for p in psutil.Process(a.pid).children()
+               if p.name() == "rtpu-worker"]
+    assert len(workers) == 2
+    try:
+        for rule in rules:
+            subprocess.run(["iptables", "-I", "INPUT", *rule], check=True)
+        start = time.monotonic()
+        threading.Thread(target=handle.cancel, daemon=True).start()   # (waits for the end)
+        assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                                          for p in workers), timeout=15)
+        assert time.monotonic() - start < 2
+    finally:
+        for rule in rules:
+            subprocess.run(["iptables", "-D", "INPUT", *rule])

@@ -166,6 +166,23 @@ def recv_exact(sock: socket.socket, n: int, within: float | None = None) -> byte
     return bytes(buf)
 
 
+def keep_alive(sock: socket.socket, seconds: float) -> None:
+    """A lane's other end that goes silent (its host gone, the network cut)
+    counts as gone after about ``seconds``: TCP keepalive probes while the
+    lane is idle, and a bound on how long what was sent may stay unacknowledged
+    (Linux), as gRPC's keepalive does for its calls."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    probe = max(1, int(seconds / 3))
+    for name, value in (("TCP_KEEPIDLE", probe), ("TCP_KEEPINTVL", probe), ("TCP_KEEPCNT", 2),
+                        ("TCP_USER_TIMEOUT", int(seconds * 1000))):
+        option = getattr(socket, name, None)
+        if option is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+            except OSError:
+                pass
+
+
 def send_frame(sock: socket.socket, kind: int, body: bytes = b"") -> None:
     """One frame of a lane (a connection that carries many messages, each way:
     a warm session's calls): a 4-byte length, one byte of kind, the body."""
