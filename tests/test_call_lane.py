@@ -118,7 +118,8 @@ def test_a_caller_killed_during_a_lane_call_cancels_it_on_every_host(slice_, for
             + "print('calling', flush=True)\n"
             "step(300)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)      # (the child too, killed at the end)
     try:
         assert proc.stdout.readline().strip() == "calling"
         assert wait_until(lambda: _lanes_to(slice_, proc.pid) == 1, timeout=10)
@@ -134,7 +135,10 @@ def test_a_caller_killed_during_a_lane_call_cancels_it_on_every_host(slice_, for
         job = remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)[0]
         assert job.state == "CANCELLED" and "went away" in job.detail, job
     finally:
-        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         proc.communicate()
 
 
