@@ -38,11 +38,9 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-CALL = 1          # caller -> gateway: a RunRequest, its spec with the payload inside
-CANCEL = 2        # caller -> gateway: cancel the running call
-EVENT = 3         # gateway -> caller: an Event of the call
-END = 4           # gateway -> caller: the call's events are over
-ERROR = 5         # gateway -> caller: the call was refused (JSON: code, details, kind)
+CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_CANCEL,
+                                   data_wire.CALL_LANE_EVENT, data_wire.CALL_LANE_END,
+                                   data_wire.CALL_LANE_ERROR)
 
 # A lane no call came on for this long is closed (each holds one of the data
 # port's connections): the caller's next call goes on gRPC, and is offered a new one.

@@ -166,6 +166,14 @@ def recv_exact(sock: socket.socket, n: int, within: float | None = None) -> byte
     return bytes(buf)
 
 
+# A caller's lane (agent/_call_lane.py, remote_tpu/_call_lane.py): its frames' kinds.
+CALL_LANE_CALL = 1     # caller -> gateway: a RunRequest, its spec with the payload inside
+CALL_LANE_CANCEL = 2   # caller -> gateway: cancel the running call
+CALL_LANE_EVENT = 3    # gateway -> caller: an Event of the call
+CALL_LANE_END = 4      # gateway -> caller: the call's events are over
+CALL_LANE_ERROR = 5    # gateway -> caller: the call was refused (JSON: code, details, kind)
+
+
 def keep_alive(sock: socket.socket, seconds: float) -> None:
     """A lane's other end that goes silent (its host gone, the network cut)
     counts as gone after about ``seconds``: TCP keepalive probes while the
