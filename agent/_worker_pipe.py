@@ -23,6 +23,7 @@ CALL = b"N"
 RELEASE = b"R"
 READY = b"S"
 DONE = b"D"
+_JOINED_BYTES = 1 << 16     # a blob up to this goes in the same write as its header
 __all__ = ["CALL", "DONE", "INLINE_BYTES", "READY", "RELEASE", "read_frame", "write_frame"]
 
 
@@ -30,8 +31,10 @@ def write_frame(fd: int, kind: bytes, header: dict | None = None, blob: bytes = 
     head = json.dumps(header or {}).encode()
     data = b"".join((kind, struct.pack(">I", len(head)), head,
                      struct.pack(">Q", len(blob))))
-    _write_all(fd, data)
-    if blob:
+    if len(blob) <= _JOINED_BYTES:          # one write: the reader wakes once
+        _write_all(fd, data + blob if blob else data)
+    else:
+        _write_all(fd, data)
         _write_all(fd, memoryview(blob))
 
 
@@ -63,15 +66,15 @@ def _read_exact(fd: int, n: int) -> bytes | None:
 
 def read_frame(fd: int) -> tuple[bytes, dict, bytes] | None:
     """The next frame, or None when the pipe ends (or is garbled)."""
-    kind = _read_exact(fd, 1)
-    head_size = _read_exact(fd, 4) if kind else None
-    if head_size is None:
+    start = _read_exact(fd, 5)                      # kind, header length
+    if start is None:
         return None
-    head = _read_exact(fd, struct.unpack(">I", head_size)[0])
-    blob_size = _read_exact(fd, 8) if head is not None else None
-    if blob_size is None:
+    kind, head_size = start[:1], struct.unpack(">I", start[1:])[0]
+    rest = _read_exact(fd, head_size + 8)           # header, blob length
+    if rest is None:
         return None
-    blob = _read_exact(fd, struct.unpack(">Q", blob_size)[0])
+    head = rest[:head_size]
+    blob = _read_exact(fd, struct.unpack(">Q", rest[head_size:])[0])
     if blob is None:
         return None
     try:
