@@ -305,8 +305,9 @@ class JobStore:
             self._unmeasured.pop(key, None)
             if entry is not None:
                 self._done_bytes -= (entry[2] or 0) + entry[3]
-        shutil.rmtree(self._dir(job_id, role), ignore_errors=True)
-        shutil.rmtree(self._outputs_dir(job_id), ignore_errors=True)
+        for directory in (self._dir(job_id, role), self._outputs_dir(job_id)):
+            if os.path.lexists(directory):
+                shutil.rmtree(directory, ignore_errors=True)
         return True
 
     def _outputs_dir(self, job_id: str) -> str:
@@ -321,6 +322,8 @@ class JobStore:
 def _tree_size(path: str) -> int:
     """What a finished job's files take (its payload, deleted as it ends, aside)."""
     total = 0
+    if not os.path.isdir(path):       # (most finished calls leave none: one stat, no walk)
+        return 0
     for directory, _, files in os.walk(path):
         for name in files:
             if name == PAYLOAD_FILE:
