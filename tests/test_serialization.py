@@ -173,3 +173,23 @@ def test_exception_round_trip_and_unbuildable():
     assert remote_exception.rebuild_exception(pickle.dumps(ValueError("x"))[:-3]) is None
     assert remote_exception.rebuild_exception(b"") is None
 
+
+
+def test_a_repeat_call_checks_its_arguments_against_the_function_as_it_is_now():
+    """The signature is kept between calls (a notebook calls one function again
+    and again), but a function whose defaults or code changed is checked anew."""
+    def f(a, b=2):
+        return a + b
+
+    ser.dumps_call(f, (1,), {})
+    ser.dumps_call(f, (1,), {})                       # (the kept signature)
+    f.__defaults__ = None
+    with pytest.raises(TypeError, match="missing a required argument: 'b'"):
+        ser.dumps_call(f, (1,), {})
+
+    def g(x):
+        return x
+    ser.dumps_call(g, (1,), {})
+    g.__code__ = f.__code__
+    with pytest.raises(TypeError, match="missing a required argument"):
+        ser.dumps_call(g, (1,), {})

@@ -23,6 +23,7 @@ import json
 import pickle
 import struct
 import types
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -127,7 +128,7 @@ def dumps_call(fn: Any, args: tuple, kwargs: dict, blob_min: int | None = None) 
     ``blob_min``, buffers of that size and more (a large array's data) are
     left out of the envelope, as its ``blobs``: ``loads`` then needs them."""
     try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
+        bound = _signature(fn).bind(*args, **kwargs)
     except TypeError as exc:
         raise TypeError(f"{_name(fn)}(): {exc}") from None
     except ValueError:      # no signature (some builtins): nothing to check
@@ -139,6 +140,28 @@ def dumps_call(fn: Any, args: tuple, kwargs: dict, blob_min: int | None = None) 
         except Exception as exc:  # noqa: BLE001
             raise _call_error(fn, bound, args, kwargs, exc) from exc
     return _envelope("call", data, buffers, blob_min)
+
+
+# A function's signature, kept while its code and defaults stay the same (a
+# repeat call, as from a notebook, skipped inspect.signature's 40-50 us).
+_signatures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _signature(fn: Any) -> inspect.Signature:
+    key = (getattr(fn, "__code__", None), getattr(fn, "__defaults__", None),
+           getattr(fn, "__kwdefaults__", None), getattr(fn, "__signature__", None))
+    try:
+        kept = _signatures.get(fn)
+    except TypeError:                   # not weakly referable: not kept
+        return inspect.signature(fn)
+    if kept is not None and kept[0] == key and key[0] is not None:
+        return kept[1]
+    signature = inspect.signature(fn)
+    try:
+        _signatures[fn] = (key, signature)
+    except TypeError:
+        pass
+    return signature
 
 
 def _name(fn: Any) -> str:
