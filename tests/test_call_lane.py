@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -95,6 +96,8 @@ def test_a_refused_call_raises_what_grpc_would_and_the_lane_goes_on(slice_):
 def test_a_lane_cut_between_calls_costs_nothing_but_the_lane(slice_):
     step = _on(slice_, keep_warm=60)(_count)
     assert step() == 1 and step() == 2
+    if shutil.which("ss") is None:
+        pytest.skip("no ss here (iproute2) to cut a TCP connection")
     done = subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=",
                            str(slice_.data_ports[0])], capture_output=True, text=True)
     if done.returncode or not wait_until(lambda: _lanes_to(slice_) == 0, timeout=2):
@@ -186,6 +189,8 @@ def test_a_caller_whose_host_goes_silent_has_its_call_cancelled(slice_):
     keepalive finds it within seconds, as gRPC's does for RunInline."""
     rules = [["-p", "tcp", "--dport", str(slice_.data_ports[0]), "-j", "DROP"],
              ["-p", "tcp", "--sport", str(slice_.data_ports[0]), "-j", "DROP"]]
+    if shutil.which("iptables") is None:
+        pytest.skip("no iptables here (install it to run this test)")
     probe = subprocess.run(["iptables", "-L", "INPUT"], capture_output=True, text=True)
     if probe.returncode:
         pytest.skip(f"no iptables here: {probe.stderr.strip()}")
