@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -226,6 +227,30 @@ def _environment_as_it_was():
     if dict(os.environ) != before:
         os.environ.clear()
         os.environ.update(before)
+
+
+def need_iptables() -> None:
+    """Skip the test where there is no iptables, or it may not be used."""
+    if shutil.which("iptables") is None:
+        pytest.skip("no iptables here (install it to run this test)")
+    probe = subprocess.run(["iptables", "-L", "INPUT"], capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"no iptables here: {probe.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def dropping(port: int):
+    """Every TCP packet to or from ``port`` on this machine dropped (a network
+    gone without a word: no FIN, no reset), until the block ends."""
+    rules = [["-p", "tcp", "--dport", str(port), "-j", "DROP"],
+             ["-p", "tcp", "--sport", str(port), "-j", "DROP"]]
+    try:
+        for rule in rules:
+            subprocess.run(["iptables", "-I", "INPUT", *rule], check=True)
+        yield
+    finally:
+        for rule in rules:
+            subprocess.run(["iptables", "-D", "INPUT", *rule])
 
 
 def hold_open(path: str) -> subprocess.Popen:

@@ -18,7 +18,7 @@ import remote_tpu
 from remote_tpu import _call_lane as lane
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
-from conftest import ROOT, Agents, wait_until
+from conftest import ROOT, Agents, dropping, need_iptables, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -187,13 +187,7 @@ def test_buffers_evicted_since_they_were_sent_go_inside_the_call_on_a_lane_too(
 def test_a_caller_whose_host_goes_silent_has_its_call_cancelled(slice_):
     """Its host gone without a word (no FIN: packets dropped): the gateway's
     keepalive finds it within seconds, as gRPC's does for RunInline."""
-    rules = [["-p", "tcp", "--dport", str(slice_.data_ports[0]), "-j", "DROP"],
-             ["-p", "tcp", "--sport", str(slice_.data_ports[0]), "-j", "DROP"]]
-    if shutil.which("iptables") is None:
-        pytest.skip("no iptables here (install it to run this test)")
-    probe = subprocess.run(["iptables", "-L", "INPUT"], capture_output=True, text=True)
-    if probe.returncode:
-        pytest.skip(f"no iptables here: {probe.stderr.strip()}")
+    need_iptables()
     step = _on(slice_, keep_warm=60)(lambda sleep: __import__("time").sleep(sleep))
     step(0)
     import threading
@@ -211,15 +205,10 @@ def test_a_caller_whose_host_goes_silent_has_its_call_cancelled(slice_):
         return [j for j in remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)
                 if j.state == "RUNNING"]
     assert wait_until(running, timeout=10)
-    try:
-        for rule in rules:
-            subprocess.run(["iptables", "-I", "INPUT", *rule], check=True)
+    with dropping(slice_.data_ports[0]):
         start = time.monotonic()
         assert wait_until(lambda: not running(), timeout=20)
         assert time.monotonic() - start < 10
-    finally:
-        for rule in rules:
-            subprocess.run(["iptables", "-D", "INPUT", *rule])
     job = remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)[0]
     assert job.state == "CANCELLED" and "went away" in job.detail, job
     caller.join(30)                  # this end finds the lane gone too (its keepalive)

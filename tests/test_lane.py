@@ -23,7 +23,7 @@ from remote_tpu_agent._data_port import DataPort
 from remote_tpu._core.data_wire import send_frame
 from remote_tpu_agent._lane import CALL, CANCEL, GatewayLane, PeerLane
 
-from conftest import Agents, wait_until
+from conftest import Agents, dropping, need_iptables, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -300,13 +300,7 @@ def test_a_lane_cut_during_a_call_fails_it_naming_the_peer(slice_):
 def test_a_call_cancelled_while_its_peers_lane_is_black_holed_stops_within_2_s(slice_):
     """The network drops the lane (not the gRPC call) during a call: cancelling
     it reaches the peer on gRPC too, at once, not after the lane gives up."""
-    rules = [["-p", "tcp", "--dport", str(slice_.data_ports[1]), "-j", "DROP"],
-             ["-p", "tcp", "--sport", str(slice_.data_ports[1]), "-j", "DROP"]]
-    if shutil.which("iptables") is None:
-        pytest.skip("no iptables here (install it to run this test)")
-    probe = subprocess.run(["iptables", "-L", "INPUT"], capture_output=True, text=True)
-    if probe.returncode:
-        pytest.skip(f"no iptables here: {probe.stderr.strip()}")
+    need_iptables()
 
     @_on(slice_, stream="all")
     def step(sleep: float):
@@ -325,14 +319,9 @@ def test_a_call_cancelled_while_its_peers_lane_is_black_holed_stops_within_2_s(s
     workers = [p for a in slice_.procs for p in psutil.Process(a.pid).children()
                if p.name() == "rtpu-worker"]
     assert len(workers) == 2
-    try:
-        for rule in rules:
-            subprocess.run(["iptables", "-I", "INPUT", *rule], check=True)
+    with dropping(slice_.data_ports[1]):
         start = time.monotonic()
         threading.Thread(target=handle.cancel, daemon=True).start()   # (waits for the end)
         assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
                                           for p in workers), timeout=15)
         assert time.monotonic() - start < 2
-    finally:
-        for rule in rules:
-            subprocess.run(["iptables", "-D", "INPUT", *rule])
