@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -165,18 +164,45 @@ class PeerRole:
             record.set_phase(pb.JOB_PHASE_FAILED, "the call could not be prepared on this host")
             return
         events = EventQueue()
-        # A warm session's next calls, handed to the worker by the thread that
-        # received each (``_begin``): what to send back before their events,
-        # and whether each came on the lane; None: no more.
-        nexts: queue.Queue = queue.Queue()
         run = WorkerRun(host=spec.process_id, call=call,
                         emit=events.put, forward_output=True,
                         warm=spec.keep_warm_seconds > 0, spares=self._host.spares)
         outputs = [self._outputs(spec, record)]       # the current call's
+        on_lane = [False]                       # the current call came on the lane
 
-        def begin(next_spec: pb.JobSpec, data: bytes | str, on_lane: bool) -> None:
-            nexts.put((self._begin(run, next_spec, data, record, pinned, outputs, events),
-                       on_lane))
+        def keep(event: pb.Event) -> None:      # this host's own copy
+            try:
+                record.append_output(event.host, event.output.stream, event.output.data)
+            except StoreFull as exc:
+                log.error("job %s: %s", spec.job_id, exc.strerror)
+
+        def direct(event: pb.Event) -> None:
+            """A lane call's events, sent on the lane by the thread that made
+            them (the worker's output and status readers; each waits for the
+            ones before it: ``WorkerRun``), so a warm call wakes no other thread
+            here. What ends the session goes to this call's own thread."""
+            if event.HasField("output"):
+                keep(event)
+            elif event.HasField("done") and event.done.warm:
+                return              # the worker parked: its `exited` (warm) says it all
+            elif event.HasField("exited") and event.exited.warm:
+                event.exited.notices.extend(outputs[0].finish())   # saved before it reports
+                self._host.blobs.unpin(pinned)      # before the gateway can send the next
+                pinned.clear()
+            else:
+                events.put(event)
+                return
+            if not lane.send(event):
+                events.put(_Kept(event))            # the lane is gone: on gRPC
+
+        def begin(next_spec: pb.JobSpec, data: bytes | str, came_on_lane: bool) -> None:
+            """Hand the session's next call to the parked worker, in the thread
+            that received it (no hand-off on the way)."""
+            on_lane[0] = came_on_lane
+            say = (lambda e: None if lane.send(e) else events.put(_Kept(e))) \
+                if came_on_lane else (lambda e: events.put(_Kept(e)))
+            self._begin(run, next_spec, data, record, pinned, outputs, events,
+                        say, direct if came_on_lane else events.put)
 
         def lane_call(next_spec: pb.JobSpec) -> None:
             data = next_spec.payload
@@ -184,7 +210,6 @@ class PeerRole:
             begin(next_spec, data, True)
         lane = PeerLane(lane_call, lambda: threading.Thread(target=run.cancel,
                                                              daemon=True).start())
-        on_lane = [False]                       # the current call came on the lane
 
         def obey() -> None:
             try:
@@ -207,17 +232,16 @@ class PeerRole:
             except Exception:  # noqa: BLE001 - the stream ended under us
                 log.debug("control stream ended", exc_info=True)
             finally:
-                nexts.put(None)
+                events.put(None)
 
         # A parked worker that dies ends the call, so its gateway knows the
         # session is over (its last `exited` event was the warm one).
-        run.on_parked_exit = lambda: nexts.put(None)
+        run.on_parked_exit = lambda: events.put(None)
 
         def on_done() -> None:         # the gateway's call is over: so is the worker
             lane.close()
             threading.Thread(target=run.stop, daemon=True).start()
             events.put(None)
-            nexts.put(None)
         context.add_callback(on_done)
         log.info("job %s: host %d, coordinator %s", spec.job_id, spec.process_id,
                  spec.coordinator_address)
@@ -230,12 +254,11 @@ class PeerRole:
                 event = events.get()
                 if event is None:
                     return
+                if isinstance(event, _Kept):      # dealt with: only to send
+                    yield from _deliver(event.event, lane, on_lane[0])
+                    continue
                 if event.HasField("output"):
-                    try:     # this host's own copy; the gateway keeps the job's
-                        record.append_output(event.host, event.output.stream,
-                                             event.output.data)
-                    except StoreFull as exc:
-                        log.error("job %s: %s", spec.job_id, exc.strerror)
+                    keep(event)
                 if event.HasField("exited") and event.exited.state != pb.HOST_STATE_SUCCEEDED:
                     event.exited.preempted = self._host.preempted()
                 if event.HasField("done") and event.done.warm:
@@ -258,12 +281,8 @@ class PeerRole:
                     final = pb.JOB_PHASE_PREEMPTED
                 if not event.exited.warm:
                     return
-                item = nexts.get()          # the session's next call, begun
-                if item is None:
-                    return
-                said, on_lane[0] = item
-                for event in said:
-                    yield from _deliver(event, lane, on_lane[0])
+                # Warm: the session's next call comes on gRPC (``obey``: its
+                # events then come here) or on the lane (``direct``).
         finally:
             lane.close()
             outputs[0].finish()
@@ -287,36 +306,44 @@ class PeerRole:
 
     def _begin(self, run: WorkerRun, spec: pb.JobSpec, payload: bytes | str,
                record: JobRecord, pinned: list[pb.BlobRef], outputs: list[OutputSync],
-               events: EventQueue) -> list[pb.Event]:
-        """Hand a warm session's next call to the parked worker, in the thread
-        that received it (no hand-off on the way). Returns what to send back
-        before the call's own events: what preparing it said, or why it could
-        not start (the session then ends: its events end too)."""
+               events: EventQueue, say: Callable[[pb.Event], None],
+               emit: Callable[[pb.Event], None]) -> None:
+        """Hand a warm session's next call to the parked worker, its events to
+        ``emit``. What preparing it said goes to ``say`` first; so does why it
+        could not start, and the session then ends (its events end too)."""
         paths, why = self._pin(spec)
         if paths is None:
-            events.put(None)
-            return [pb.Event(host=run.host, exited=pb.HostReport(
+            say(pb.Event(host=run.host, exited=pb.HostReport(
                 host=run.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
-                detail=why))]
+                detail=why)))
+            events.put(None)
+            return
         self._host.blobs.unpin(pinned)          # the last call's: its worker mapped them
         pinned[:] = refs_of(spec)
-        said: list[pb.Event] = []
         preparing = self._prepare(spec, payload, record, paths, run.host)
         try:
             while True:
-                said.append(next(preparing))
+                say(next(preparing))
         except StopIteration as done:
             call = done.value
         if call is None:
             events.put(None)
-            return said
+            return
         outputs[0] = self._outputs(spec, record)
-        if not run.next_call(call, events.put):
-            events.put(None)
-            said.append(pb.Event(host=run.host, exited=pb.HostReport(
+        if not run.next_call(call, emit):
+            say(pb.Event(host=run.host, exited=pb.HostReport(
                 host=run.host, state=pb.HOST_STATE_DIED, exited=True,
                 detail="its warm worker had exited since the last call")))
-        return said
+            events.put(None)
+
+
+class _Kept:
+    """An event already dealt with here, for the call's thread only to send."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: pb.Event) -> None:
+        self.event = event
 
 
 def _deliver(event: pb.Event, lane: PeerLane, on_lane: bool) -> Iterator[pb.Event]:
