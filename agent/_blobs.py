@@ -87,6 +87,8 @@ class BlobCache:
     def pin(self, refs: Sequence[pb.BlobRef]) -> list[str] | None:
         """Keep these buffers until ``unpin``: their files' paths; None (and
         nothing pinned) when one of them is not here."""
+        if not refs:
+            return []                # (most calls: no lock, no walk)
         with self._lock:
             if any(self._sizes.get(r.digest) != r.size for r in refs):
                 return None
@@ -96,6 +98,8 @@ class BlobCache:
             return [self.path(r.digest) for r in refs]
 
     def unpin(self, refs: Sequence[pb.BlobRef]) -> None:
+        if not refs:
+            return                   # nothing freed: nothing to evict either
         with self._lock:
             for ref in refs:
                 if self._pins.get(ref.digest, 0) > 0:
