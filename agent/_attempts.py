@@ -52,7 +52,7 @@ def next_attempt(record: JobRecord, end: pb.JobEnd) -> float | None:
                         policy.backoff_seconds * 2 ** len(record.status.attempts))
             with record.changed:
                 record.status.attempts.append(attempt)
-                record.touch()
+                record.touch(wake=False)
             record.say(0, f"remote_tpu: attempt {spec.attempt} ended by a {kind} "
                           f"({attempt.cause}); attempt {spec.attempt + 1} starts in "
                           f"{delay:g} s ({used + 1} of {limit} {kind} retries)")

@@ -33,7 +33,9 @@ class EventQueue:
         self._max = max_output_bytes
         self._closed = False
 
-    def put(self, item: object) -> None:
+    def put(self, item: object, wake: bool = True) -> None:
+        """Add ``item``; ``wake=False``: without waking the reader (a later
+        item that wakes it brings this one too)."""
         size = _output_size(item)
         with self._cond:
             if size:
@@ -42,7 +44,8 @@ class EventQueue:
                     return            # nobody will read it
                 self._output += size
             self._items.append(item)
-            self._cond.notify_all()
+            if wake or size:
+                self._cond.notify_all()
 
     def get(self, timeout: float | None = None) -> object:
         """The next event; raises ``queue.Empty`` after ``timeout`` seconds."""

@@ -30,7 +30,7 @@ from ._blob_sends import ensure_on
 from ._blobs import BlobCache
 from ._call import Call
 from ._events import EventQueue
-from ._warm import WarmSession, new_session_id, session_record
+from ._warm import ParkedWakes, WarmSession, new_session_id, session_record
 from ._remote_host import RemoteHost
 from ._root_cause import root_cause
 from ._runner import WorkerRun
@@ -119,6 +119,7 @@ class GatewayJob:
         self.done: set[int] = set()
         self.exited: set[int] = set()
         self.permanent = False            # a peer refused us for good (_preflight)
+        self._emit_warm = ParkedWakes(self.events, self.n)    # a warm call's events
 
     def cancel(self, reason: str, state: int = pb.JOB_STATE_CANCELLED) -> None:
         """Stop the job on every host; it ends in ``state`` with ``reason``."""
@@ -228,7 +229,7 @@ class GatewayJob:
         for local, call in zip(self.locals, self._local_calls):
             if not self.reuse:
                 local.start()
-            elif not local.next_call(call, self.events.put):
+            elif not local.next_call(call, self._emit_warm):
                 self.events.put(pb.Event(host=local.host, exited=pb.HostReport(
                     host=local.host, state=pb.HOST_STATE_DIED, exited=True, finished_at=time.time(),
                     detail="its warm worker had exited since the last call")))
@@ -242,7 +243,7 @@ class GatewayJob:
                 self.events.put(pb.Event(host=remote.host, exited=pb.HostReport(
                     host=remote.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
                     detail=self._blob_problems[remote.address])))
-            elif not remote.next_call(spec, self.payload, self.events.put):
+            elif not remote.next_call(spec, self.payload, self._emit_warm):
                 self.events.put(pb.Event(host=remote.host, exited=pb.HostReport(
                     host=remote.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
                     detail=f"agent at {remote.address} dropped the warm session's call")))

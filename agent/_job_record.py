@@ -56,10 +56,15 @@ class JobRecord:
         self.workers_started = 0        # this attempt's processes started (for followers)
         self._logs: dict[int, HostLog] = {}
 
-    def touch(self) -> None:
-        """Tell watchers something changed (call with ``changed`` held)."""
+    def touch(self, wake: bool = True) -> None:
+        """Tell watchers something changed (call with ``changed`` held).
+        Watchers (``_job_views.watch``) follow output, workers started and
+        the end; a change of status only (a place in the queue, running, an
+        attempt) counts without waking them (``wake=False``): a watcher that
+        looks anyway sees it."""
         self.version += 1
-        self.changed.notify_all()
+        if wake:
+            self.changed.notify_all()
 
     @property
     def job_id(self) -> str:
@@ -189,7 +194,7 @@ class JobRecord:
                     self.status.end.num_slices = self.spec.num_slices
                 for host_log in self._logs.values():
                     host_log.close()
-            self.touch()
+            self.touch(wake=phase in FINISHED)
         self.store.save(self)
         if phase in FINISHED:
             self.store.prune()

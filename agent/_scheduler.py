@@ -73,7 +73,7 @@ class Scheduler:
             with record.changed:
                 record.status.queue_position = i + 1
                 record.status.queued_behind = ahead
-                record.touch()
+                record.touch(wake=False)
             ahead = record.job_id
 
     def warm_owner(self) -> str:

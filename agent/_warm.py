@@ -17,12 +17,14 @@ slice and until when, and ``remote-tpu jobs cancel warm-...`` ends it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Sequence
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
+from ._events import EventQueue
 from ._remote_host import RemoteHost
 from ._runner import WorkerRun
 from ._store import JobRecord
@@ -99,7 +101,7 @@ class WarmSession:
             self.record.status.detail = (
                 f"warm workers of {self.owner or 'a client'}: {calls} call(s), last "
                 f"{spec.job_id}; idle until {until}")
-            self.record.touch()
+            self.record.touch(wake=False)
 
     def end(self, reason: str) -> None:
         """Stop every worker of the session, here and on every peer (ending its
@@ -119,6 +121,29 @@ class WarmSession:
                               pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
                                         detail=reason))
         log.info("warm session %s ended: %s", self.id, reason)
+
+
+class ParkedWakes:
+    """Where a warm call's events go: its job's queue. A host that parked (its
+    `done` and `exited`, warm) wakes the job's thread only as the last of the
+    ``n`` to park: until then that thread has nothing to do."""
+
+    def __init__(self, events: EventQueue, n: int) -> None:
+        self._events = events
+        self._n = n
+        self._parked = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, event: pb.Event) -> None:
+        report = event.exited if event.HasField("exited") else (
+            event.done if event.HasField("done") else None)
+        if report is None or not report.warm:
+            self._events.put(event)
+            return
+        with self._lock:
+            self._parked += event.HasField("exited")
+            last = self._parked >= self._n
+        self._events.put(event, wake=last)
 
 
 def session_record(store, spec: pb.JobSpec, session_id: str) -> JobRecord:
