@@ -22,7 +22,7 @@ from . import _worker
 from ._config import AgentConfig
 from ._gateway_job import GatewayJob
 from ._host import Host
-from ._job_views import status_of, watch
+from ._job_views import Follower, status_of, watch
 from ._job_views import result as result_events
 from ._requests import Refused, abort, hosts_for
 from ._scheduler import JobRefused, Scheduler
@@ -44,8 +44,10 @@ class GatewayRole:
         self.scheduler = Scheduler(self._make_job, config.output_interval)
 
     def accept(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
-               context: grpc.ServicerContext) -> tuple[JobRecord, bool]:
-        """Queue a new job, or find the one with this id (idempotent submission)."""
+               context: grpc.ServicerContext, submit: bool = True
+               ) -> tuple[JobRecord, bool]:
+        """Queue a new job (``submit``; else its caller does), or find the one
+        with this id (idempotent submission)."""
         existing = self._host.store.get(spec.job_id)
         if existing is not None:
             return existing, False
@@ -72,8 +74,9 @@ class GatewayRole:
                 else:
                     record.payload = os.path.join(record.make_dir(), _worker.PAYLOAD_FILE)
                     os.replace(path, record.payload)
-                self.scheduler.submit(record)
-                log.info("job %s: queued (%d host(s))", spec.job_id, len(hosts))
+                if submit:
+                    self.scheduler.submit(record)
+                    log.info("job %s: queued (%d host(s))", spec.job_id, len(hosts))
             return record, created
         finally:
             if path and os.path.exists(path):
@@ -112,27 +115,52 @@ class GatewayRole:
 
     def run_attached(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
                      context: grpc.ServicerContext) -> Iterator[pb.Event]:
-        """Accept the job and follow it: queued notice, output, outcome."""
-        record, _ = self.accept(spec, requests, context)
+        """Accept the job and follow it: queued notice, output, outcome. The
+        next call of its caller's warm session, finding the slice idle, runs
+        in this thread (``Scheduler.claim``)."""
+        record, created = self.accept(spec, requests, context, submit=False)
         record.attached = True
 
         def on_done() -> None:        # an attached job does not outlive its caller
             if not record.finished:
                 self.scheduler.cancel(record.job_id, "the attached caller went away")
         context.add_callback(on_done)
-        status = status_of(record)
-        if status.phase == pb.JOB_PHASE_QUEUED and status.queued_behind:
-            yield pb.Event(host=0, queued=status)
         hosts = {pb.STREAM_MODE_ALL: list(range(num_processes(record.spec))),
                  pb.STREAM_MODE_NONE: []}.get(spec.stream, [0])
+        warm = self.scheduler.claim(record) if created else None   # (run at once below)
+        if created and warm is None:
+            self.scheduler.submit(record)
+            log.info("job %s: queued (%d host(s))", spec.job_id, spec.num_hosts)
+        status = status_of(record)
+        if warm is None and status.phase == pb.JOB_PHASE_QUEUED and status.queued_behind:
+            yield pb.Event(host=0, queued=status)
         try:
-            yield from watch(record, hosts, [], follow=True, context=context, with_end=False)
+            if warm is not None:
+                yield from self._run_here(record, warm, hosts)
+            else:
+                yield from watch(record, hosts, [], follow=True, context=context,
+                                 with_end=False)
             yield from result_events(record, self._host.data_port()
                                      if spec.result_over_data_port else None,
                                      spec.value_in_end)
         finally:
             if not record.result_ticketed:     # else the ticket's transfer says so
                 record.result_sent()
+
+    def _run_here(self, record: JobRecord, warm: WarmSession,
+                  hosts: list[int]) -> Iterator[pb.Event]:
+        """Run a claimed job in this thread, its output sent on as it is stored."""
+        follower = Follower(record, hosts)
+        job = self.scheduler.run_here(record, warm)
+        try:
+            for _ in job:
+                yield from follower.new()
+        finally:            # (the caller gone: the job ends as any job then does)
+            if not record.finished:
+                self.scheduler.cancel(record.job_id, "the attached caller went away")
+            for _ in job:
+                pass
+        yield from follower.rest()
 
     def _make_job(self, record: JobRecord, warm: WarmSession | None) -> GatewayJob:
         spec = record.spec

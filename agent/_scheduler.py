@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.states import PHASE_OF_END, phase_name
@@ -28,6 +28,7 @@ from ._hostlog import StoreFull
 from ._outputs import OutputSync
 from ._reports import bound_end
 from ._store import JobRecord
+from ._scheduler_warm import WarmScheduling
 from ._warm import WarmSession
 from ._worker_env import processes_per_host
 
@@ -39,7 +40,7 @@ class JobRefused(Exception):
     install, its files cannot be written): it fails with this message."""
 
 
-class Scheduler:
+class Scheduler(WarmScheduling):
     def __init__(self, make_job: Callable[[JobRecord, WarmSession | None], GatewayJob],
                  output_interval: float = 30.0) -> None:
         self._make_job = make_job
@@ -80,28 +81,6 @@ class Scheduler:
         """Whose warm session holds the slice now ("" when none does)."""
         warm = self._warm
         return warm.owner if warm is not None else ""
-
-    def release(self, reason: str, owner: str = "") -> str:
-        """End the slice's warm workers (at once, or once the call running in
-        them is over), only if ``owner``'s when given; what was done, or ""
-        when there were none."""
-        with self._cond:
-            warm, current = self._warm, self._current
-            if owner and (warm is None or warm.owner != owner):
-                return ""
-            if current is not None and (warm is not None or (
-                    current[1] is not None and current[1].session_id)):
-                # A call runs (or is about to) in warm workers: they end after it.
-                self._end_warm_after = reason
-                return (f"the warm workers end when the call running in them "
-                        f"({current[0].job_id}) is over")
-            if warm is None:
-                return ""
-            self._warm = None
-            self._renumber()
-            self._cond.notify_all()
-        warm.end(reason)
-        return f"warm session {warm.id} ended after {warm.calls} call(s)"
 
     def cancel(self, job_id: str, reason: str, state: int = pb.JOB_STATE_CANCELLED) -> bool:
         """Cancel a queued or running job; False if this scheduler does not have it."""
@@ -152,6 +131,9 @@ class Scheduler:
         """(With ``_cond`` held.) The next job and the warm session it may run
         in; or no job and a session to end, with why; or (None, None, "") to stop."""
         while True:
+            if self._inline:            # a job runs in its caller's thread: after it
+                self._cond.wait(1.0)
+                continue
             warm = self._warm
             if warm is not None:
                 why = warm.ending or ("the agent is shutting down" if self._stopping else "")
@@ -193,26 +175,44 @@ class Scheduler:
                 with self._cond:
                     self._renumber()
                 continue
-            try:
-                self._run(record, warm)
-                while record.retry_in is not None and self._backoff(record):
-                    record.spec.attempt += 1          # REMOTE_TPU_ATTEMPT (_worker_env)
-                    self._run(record, None)
-            except JobRefused as exc:      # the job cannot run here: said as it is
-                record.set_phase(pb.JOB_PHASE_FAILED, str(exc), pb.JobEnd(
-                    state=pb.JOB_STATE_FAILED, root_cause_host=0, detail=str(exc),
-                    permanent=True))
-            except Exception as exc:  # noqa: BLE001 - a job must never stop the queue
-                log.exception("job %s: internal error", record.job_id)
-                record.set_phase(pb.JOB_PHASE_FAILED, f"internal error in the agent: {exc}",
-                                 pb.JobEnd(state=pb.JOB_STATE_FAILED, root_cause_host=-1,
-                                           detail=f"internal error in the agent: {exc}"))
-            finally:
-                with self._cond:
+            for _ in self._serve(record, warm):
+                pass
+
+    def run_here(self, record: JobRecord, warm: WarmSession) -> Iterator[None]:
+        """Run a job ``claim`` took in this (its caller's) thread: yields once
+        each of its events is stored, for the caller to send on what is new."""
+        yield from self._serve(record, warm, here=True)
+
+    def _serve(self, record: JobRecord, warm: WarmSession | None,
+               here: bool = False) -> Iterator[None]:
+        """Run one job (and its retries), yielding once each event is stored."""
+        try:
+            yield from self._run(record, warm)
+            while record.retry_in is not None and self._backoff(record):
+                record.spec.attempt += 1          # REMOTE_TPU_ATTEMPT (_worker_env)
+                yield from self._run(record, None)
+        except JobRefused as exc:      # the job cannot run here: said as it is
+            record.set_phase(pb.JOB_PHASE_FAILED, str(exc), pb.JobEnd(
+                state=pb.JOB_STATE_FAILED, root_cause_host=0, detail=str(exc),
+                permanent=True))
+        except Exception as exc:  # noqa: BLE001 - a job must never stop the queue
+            log.exception("job %s: internal error", record.job_id)
+            record.set_phase(pb.JOB_PHASE_FAILED, f"internal error in the agent: {exc}",
+                             pb.JobEnd(state=pb.JOB_STATE_FAILED, root_cause_host=-1,
+                                       detail=f"internal error in the agent: {exc}"))
+        finally:
+            with self._cond:
+                # (Once a warm call has ended, the session's next may already
+                # have claimed the slice: what is its own stays.)
+                if self._current is not None and self._current[0] is record:
                     self._current = None
                     self._early_cancel = None     # this job's, never the next one's
-                    self._renumber()
-                _drop_payload(record)
+                if here:
+                    self._inline = False
+                    if self._queue or self._stopping:      # (else its next look will do)
+                        self._cond.notify_all()
+                self._renumber()
+            _drop_payload(record)
 
     def _backoff(self, record: JobRecord) -> bool:
         """Wait out the pause before the job's next attempt; False (the job
@@ -238,52 +238,7 @@ class Scheduler:
             state=state, root_cause_host=-1, detail=detail))
         return False
 
-    def _usable(self, record: JobRecord, warm: WarmSession | None,
-                notices: list[str]) -> WarmSession | None:
-        """``warm``, if this job can run in it; else it is ended, and a notice
-        for the job's caller says why."""
-        if warm is None:
-            return None
-        differ = warm.differences(record.spec)
-        if not differ and warm.alive():
-            return warm
-        with self._cond:
-            self._warm = None
-        why = (f"{', '.join(differ)} differ{'s' if len(differ) == 1 else ''}" if differ
-               else "its workers had exited since the last call")
-        warm.end(f"replaced by job {record.job_id}: {why}")
-        notices.append(f"the warm workers of {warm.id} were replaced by new ones ({why}); "
-                       "remote_tpu.state started empty")
-        return None
-
-    def _keep_warm(self, record: JobRecord, job: GatewayJob | None,
-                   warm: WarmSession | None, ended_how: str,
-                   retrying: bool = False) -> Callable[[], None]:
-        """As a job ends (before its caller hears of it): its workers stay as
-        the slice's warm session, or the session it ran in is over. Returns
-        what is left to do once the caller has been told (stopping workers).
-        A job that runs again (``retrying``) stays the current one, to cancel."""
-        session = job.kept_session(record.store) if job is not None else None
-        with self._cond:
-            # release() from here on ends the session
-            self._current = (record, None) if retrying else None
-            end_now, self._end_warm_after = self._end_warm_after, ""
-            if self._stopping:
-                end_now = end_now or "the agent is shutting down"
-            if session is not None and not end_now:
-                session.calls += 1
-                session.parked_after(record.spec)
-                self._warm = session
-                return _nothing
-            self._warm = None
-        if session is not None:
-            session.calls += 1               # this call ran in it before it ends
-        ended = session or warm
-        if ended is None:
-            return _nothing
-        return lambda: ended.end(end_now or f"call {record.job_id} ended {ended_how}")
-
-    def _run(self, record: JobRecord, warm: WarmSession | None = None) -> None:
+    def _run(self, record: JobRecord, warm: WarmSession | None = None) -> Iterator[None]:
         notices: list[str] = []
         with self._cond:
             lost = self._lost.pop(record.spec.client_id, "")
@@ -294,15 +249,15 @@ class Scheduler:
         kept = False
         try:
             job = self._make_job(record, warm)
-            kept = self._follow(record, job, warm, notices)
+            kept = yield from self._follow(record, job, warm, notices)
         finally:
             if not kept:
                 self._keep_warm(record, job, warm, "without a final report")()
 
     def _follow(self, record: JobRecord, job: GatewayJob, warm: WarmSession | None,
-                notices: list[str]) -> bool:
-        """Store the job's events; whether its end was seen (and the warm
-        session settled before its caller heard of it)."""
+                notices: list[str]) -> Iterator[None]:
+        """Store the job's events (yielding after each); returns whether its
+        end was seen (and the warm session settled before its caller heard of it)."""
         ended = False
         with self._cond:
             self._current = (record, job)
@@ -322,12 +277,14 @@ class Scheduler:
             for event in job.run():
                 if event.HasField("started"):
                     record.worker_started()
+                    yield
                 elif event.HasField("output"):
                     try:
                         record.append_output(event.host, event.output.stream, event.output.data)
                     except StoreFull as exc:
                         log.error("job %s: %s", record.job_id, exc.strerror)
                         job.cancel(exc.strerror, pb.JOB_STATE_FAILED)
+                    yield
                 elif event.HasField("end"):
                     end = bound_end(event.end, record.job_id)
                     end.notices.extend(notices + outputs.finish() +
@@ -369,7 +326,3 @@ def _drop_payload(record: JobRecord) -> None:
         except OSError:
             pass
     record.payload = b""
-
-
-def _nothing() -> None:
-    """Nothing left to do."""

@@ -380,3 +380,41 @@ def test_output_between_calls_is_kept(slice_):
     handle = chatty.submit("a [")                     # ends with what could start a Gloo line
     handle.result(timeout=60)
     assert handle.logs() == "printed between calls\na ["
+
+
+def test_a_warm_calls_output_reaches_its_caller_while_it_runs(slice_, tmp_path):
+    """A session's next call runs in the thread that received it on the
+    gateway, and each peer sends its events on its lane from the thread that
+    read them: output must still reach the caller live, from every host."""
+    warmup, marker = tmp_path / "warmup", tmp_path / "marker"
+    warmup.touch()
+    code = ("import remote_tpu\n"
+            f"@remote_tpu.run(accelerator='tpu-v4-16', hosts={slice_.addresses[0]!r}, "
+            f"token={slice_.token!r}, keep_warm=60, stream='all')\n"
+            "def wait_for(path):\n"
+            "    import os, time, jax\n"
+            "    print('before', jax.process_index(), flush=True)\n"
+            "    deadline = time.time() + 60\n"
+            "    while not os.path.exists(path) and time.time() < deadline:\n"
+            "        time.sleep(0.05)\n"
+            "    return os.path.exists(path)\n"
+            f"wait_for({str(warmup)!r})\n"
+            "print('warm', flush=True)\n"
+            f"print('result', wait_for({str(marker)!r}), flush=True)\n"
+            "wait_for.release()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        seen, warm = [], False
+        while not (warm and any("before 0" in line for line in seen)
+                   and any("before 1" in line for line in seen)):
+            line = proc.stdout.readline()
+            assert line, f"the caller ended first: {seen}"
+            warm = warm or line.startswith("warm")
+            if warm:
+                seen.append(line)
+        marker.touch()                     # only now may the warm call return
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert "result True" in rest, seen + [rest]
