@@ -9,8 +9,10 @@ caller follows the job's output and gets its outcome; its job does not outlive i
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
+import threading
 from collections.abc import Iterator
 
 import grpc
@@ -22,7 +24,7 @@ from . import _worker
 from ._config import AgentConfig
 from ._gateway_job import GatewayJob
 from ._host import Host
-from ._job_views import Follower, status_of, watch
+from ._job_views import status_of, watch
 from ._job_views import result as result_events
 from ._requests import Refused, abort, hosts_for
 from ._scheduler import JobRefused, Scheduler
@@ -131,15 +133,15 @@ class GatewayRole:
         if created and warm is None:
             self.scheduler.submit(record)
             log.info("job %s: queued (%d host(s))", spec.job_id, spec.num_hosts)
+        if not context.is_active():   # gone before its job could be cancelled
+            on_done()
         status = status_of(record)
         if warm is None and status.phase == pb.JOB_PHASE_QUEUED and status.queued_behind:
             yield pb.Event(host=0, queued=status)
         try:
             if warm is not None:
-                yield from self._run_here(record, warm, hosts)
-            else:
-                yield from watch(record, hosts, [], follow=True, context=context,
-                                 with_end=False)
+                self._start_here(record, warm)
+            yield from watch(record, hosts, [], follow=True, context=context, with_end=False)
             yield from result_events(record, self._host.data_port()
                                      if spec.result_over_data_port else None,
                                      spec.value_in_end)
@@ -147,20 +149,16 @@ class GatewayRole:
             if not record.result_ticketed:     # else the ticket's transfer says so
                 record.result_sent()
 
-    def _run_here(self, record: JobRecord, warm: WarmSession,
-                  hosts: list[int]) -> Iterator[pb.Event]:
-        """Run a claimed job in this thread, its output sent on as it is stored."""
-        follower = Follower(record, hosts)
+    def _start_here(self, record: JobRecord, warm: WarmSession) -> None:
+        """Run a claimed job in this thread for as long as it makes nothing to
+        send (a warm call that prints nothing: most); from its first output
+        on, it goes on in a thread of its own, and this one follows it as any
+        (``watch``): a job never waits for its caller to read."""
         job = self.scheduler.run_here(record, warm)
-        try:
-            for _ in job:
-                yield from follower.new()
-        finally:            # (the caller gone: the job ends as any job then does)
-            if not record.finished:
-                self.scheduler.cancel(record.job_id, "the attached caller went away")
-            for _ in job:
-                pass
-        yield from follower.rest()
+        for _ in job:
+            threading.Thread(target=collections.deque, args=(job, 0), daemon=True,
+                             name=f"job-{record.job_id}").start()
+            break
 
     def _make_job(self, record: JobRecord, warm: WarmSession | None) -> GatewayJob:
         spec = record.spec

@@ -150,8 +150,8 @@ class GatewayJob:
             yield from self._run()
         finally:
             self.events.close()
-            for h in self.handles:
-                h.close()
+            for h in [] if self.warm_kept else self.handles:   # (kept: the session's next
+                h.close()                              # call may be using them)
             if self.session_id and not self.warm_kept:   # ends its warm session:
                 for h in self.handles:                   # (a peer's worker ends with its call)
                     h.stop()

@@ -105,13 +105,6 @@ class Follower:
                 yield pb.Event(host=h, output=pb.Output(stream=stream, data=data,
                                                         offset=offset))
 
-    def rest(self) -> Iterator[pb.Event]:
-        """Passes until one finds nothing new (of a job that has ended: all)."""
-        while True:
-            yield from self.new()
-            if not self.sent:
-                return
-
 
 def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
           context: grpc.ServicerContext, with_end: bool) -> Iterator[pb.Event]:

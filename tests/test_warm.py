@@ -418,3 +418,38 @@ def test_a_warm_calls_output_reaches_its_caller_while_it_runs(slice_, tmp_path):
     finally:
         proc.kill()
     assert "result True" in rest, seen + [rest]
+
+
+def test_a_warm_call_whose_caller_stops_reading_still_times_out(tmp_path):
+    """A warm call that starts in the thread serving its caller must not wait
+    for that caller to read: with the caller's own stdout full (nobody reads
+    it), its `timeout=` still ends the job on time. On gRPC (no data port, so
+    no lane, whose keepalive would take such a caller as gone)."""
+    agent = Agents(1, extra=["--data-port", "-1"])
+    warm = tmp_path / "warm"
+    code = ("import pathlib, remote_tpu\n"
+            f"@remote_tpu.run(accelerator='tpu-v4-8', hosts={agent.addresses[0]!r}, "
+            f"token={agent.token!r}, keep_warm=60, stream='all', timeout=4)\n"
+            "def flood(lines):\n"
+            "    import sys, time\n"
+            "    for _ in range(lines):\n"
+            "        sys.stdout.write('x' * 1023 + '\\n')\n"
+            "    sys.stdout.flush()\n"
+            "    time.sleep(60 if lines else 0)\n"
+            "flood(0)\n"
+            f"pathlib.Path({str(warm)!r}).touch()\n"
+            "flood(40_000)\n")                     # 40 MB, to a stdout nobody reads
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(warm.exists, timeout=120), "the first call did not end"
+
+        def second():
+            return [j for j in remote_tpu.jobs(hosts=agent.addresses[0], token=agent.token)
+                    if j.id.startswith("flood-")][0]
+        assert wait_until(lambda: second().finished, timeout=40), second()
+        assert second().state == "TIMED_OUT", second().detail
+    finally:
+        proc.kill()
+        proc.wait()
+        agent.stop()
