@@ -71,55 +71,33 @@ class JobViews:
         return reply
 
 
-class Follower:
-    """What one follower of a job has been sent: each host's place in its log,
-    and the number of workers started it was told of."""
-
-    def __init__(self, record: JobRecord, hosts: list[int], offsets: list[int] = ()) -> None:
-        self.record = record
-        self.hosts = hosts
-        self.position = {h: (offsets[i] if i < len(offsets) else 0)
-                         for i, h in enumerate(hosts)}
-        self.told = 0
-        self.sent = False            # the last pass found something new
-
-    def new(self, follow: bool = True, stop: dict[int, int] | None = None
-            ) -> Iterator[pb.Event]:
-        """One pass: the workers started (followed, when it changed), then
-        each host's output from where it was to where its log ends now (or
-        ``stop``)."""
-        record = self.record
-        with record.changed:
-            finished = record.finished
-            started = record.workers_started
-        if follow and started != self.told and not finished:
-            self.told = started
-            yield pb.Event(host=0, workers_started=started)
-        self.sent = False
-        for h in self.hosts:
-            if stop is not None and self.position[h] >= stop[h]:
-                continue
-            for stream, data, offset in record.log(h).read(self.position[h]):
-                self.position[h] = offset
-                self.sent = True
-                yield pb.Event(host=h, output=pb.Output(stream=stream, data=data,
-                                                        offset=offset))
-
-
 def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
           context: grpc.ServicerContext, with_end: bool) -> Iterator[pb.Event]:
     """Every host's output from its offset to the end of its log: without
     ``follow`` the end as it is now, with it the job's end (every byte written
     before the job finished is sent before the end)."""
-    follower = Follower(record, hosts, offsets)
+    position = {h: (offsets[i] if i < len(offsets) else 0) for i, h in enumerate(hosts)}
     # Without follow, a running job's logs are read up to where they end now.
     stop = None if follow or record.finished else {h: record.log(h).end() for h in hosts}
+    told = 0                      # workers started, as the follower was told
     while context.is_active():
         with record.changed:
             finished = record.finished
             version = record.version
-        yield from follower.new(follow, stop)
-        if follower.sent:
+            started = record.workers_started
+        if follow and started != told and not finished:
+            told = started
+            yield pb.Event(host=0, workers_started=started)
+        sent = False
+        for h in hosts:
+            if stop is not None and position[h] >= stop[h]:
+                continue
+            for stream, data, offset in record.log(h).read(position[h]):
+                position[h] = offset
+                sent = True
+                yield pb.Event(host=h, output=pb.Output(stream=stream, data=data,
+                                                        offset=offset))
+        if sent:
             continue              # read on until a pass finds nothing new
         if finished:
             if with_end:

@@ -119,6 +119,5 @@ class WarmScheduling:
         return lambda: ended.end(end_now or f"call {record.job_id} ended {ended_how}")
 
 
-
 def _nothing() -> None:
     """Nothing left to do."""
