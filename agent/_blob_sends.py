@@ -179,12 +179,19 @@ def ensure_on(addresses: Sequence[str], refs: Sequence[pb.BlobRef],
     if not refs or not addresses:
         return {}
 
+    within = credentials.answer_within(30)
+
     def one(address: str) -> str:
         try:
             present = stub(address, credentials).HaveBlobs(
-                pb.BlobQuery(blobs=refs), timeout=30, metadata=credentials.metadata).present
+                pb.BlobQuery(blobs=refs), timeout=within, metadata=credentials.metadata).present
         except grpc.RpcError as exc:
-            return f"could not ask for the call's buffers: {exc.code().name}: {exc.details()}"
+            why = f"{exc.code().name}: {exc.details()}"
+            if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                return (f"the agent at {address} did not answer within {within:g} s when "
+                        f"asked for the call's buffers ({why}): it hangs, or its host or "
+                        "the network to it is down")
+            return f"could not ask the agent at {address} for the call's buffers: {why}"
         for ref, there in zip(refs, present):
             if there:
                 continue

@@ -178,13 +178,12 @@ class GatewayJob:
         started; a peer gone since fails its call, and so the session)."""
         if self.reuse is not None:
             return []
-        first = {}                    # one check per peer agent, whatever its processes
-        for remote in self.remotes:
-            first.setdefault(remote.address, remote)
+        # One check per peer agent, whatever its processes; none of one found wanting.
+        first = {r.address: r for r in self.remotes if r.address not in self._blob_problems}
         with concurrent.futures.ThreadPoolExecutor(max(1, len(first))) as pool:
             by_agent = dict(zip(first, pool.map(lambda r: r.preflight(), first.values())))
         self.permanent = any(permanent for _, permanent in by_agent.values())
-        problems = [by_agent[remote.address][0] or self._blob_problems.get(remote.address, "")
+        problems = [self._blob_problems.get(remote.address) or by_agent[remote.address][0]
                     for remote in self.remotes]
         refused = []
         if self.tpu is not None:

@@ -232,8 +232,11 @@ def test_a_hung_agent_deep_in_the_forwarding_tree_is_the_one_named(fresh_memory)
     """Six hosts: the gateway passes a buffer to four agents, the first of
     which passes it on to the sixth. When the sixth hangs, its parent keeps
     answering (heartbeats) and gives it up; the call names the sixth, not its
-    healthy parent."""
+    healthy parent. Each question to it waits at most the peer timeout, and
+    it is asked no more once it failed one: the call fails within a few peer
+    timeouts (it took 45 s when each waited 30 s and the preflight asked again)."""
     import signal
+    import time
 
     agents = Agents(6, devices=4, extra=["--spare-workers", "0", "--peer-timeout", "4"])
     try:
@@ -243,8 +246,10 @@ def test_a_hung_agent_deep_in_the_forwarding_tree_is_the_one_named(fresh_memory)
         @on_agents(agents, accelerator="tpu-v4-48", stream="none", init_jax=False)
         def size_of(a):
             return a.nbytes
+        start = time.monotonic()
         with pytest.raises(remote_tpu.RemoteTPUError) as err:
             size_of(array)
+        assert time.monotonic() - start < 30
         message = str(err.value)
         assert agents.addresses[5] in message
         assert f"{agents.addresses[1]}: " not in message, message

@@ -87,6 +87,13 @@ class Credentials:
         ``tls`` or the ``REMOTE_TPU_TLS_*`` environment."""
         return cls(token=client_token(token), tls=tls if tls is not None else TLS.from_env())
 
+    def answer_within(self, seconds: float) -> float:
+        """A deadline for a short request (a question, a ticket): ``seconds``,
+        but no more than the silence after which the other end counts as gone
+        (an agent's peers: its --peer-timeout), so that a hung peer is named
+        within it, not after a minute."""
+        return min(seconds, self.keepalive) if self.keepalive else seconds
+
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return ((TOKEN_METADATA_KEY, self.token),) if self.token else ()
@@ -239,14 +246,16 @@ def health(address: str, credentials: Credentials, *, attempts: int = 3,
     """Ask the agent for its versions, retrying only on transient faults.
     ``shared=False``: on a channel of its own, closed after (for addresses
     asked once, which the shared cache should not keep)."""
+    deadline = credentials.answer_within(timeout)
+
     def ask() -> pb.HealthReply:
         if not shared:
             with credentials.channel(address) as channel:
                 return pb_grpc.AgentStub(channel).Health(
-                    pb.HealthRequest(), timeout=timeout, metadata=credentials.metadata)
+                    pb.HealthRequest(), timeout=deadline, metadata=credentials.metadata)
         try:
             return stub(address, credentials).Health(
-                pb.HealthRequest(), timeout=timeout, metadata=credentials.metadata)
+                pb.HealthRequest(), timeout=deadline, metadata=credentials.metadata)
         except grpc.RpcError as exc:
             forget_if_unavailable(exc, address, credentials)
             raise

@@ -116,7 +116,8 @@ def put_blob(stub, address: str, credentials, request: pb.BlobChunk,
     if not worth_trying(address, credentials):
         return None
     try:
-        ticket = stub.OpenBlob(request, timeout=30, metadata=credentials.metadata)
+        ticket = stub.OpenBlob(request, timeout=credentials.answer_within(30),
+                               metadata=credentials.metadata)
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.UNIMPLEMENTED:     # an older agent
             return None
