@@ -23,8 +23,9 @@ from ._core.addresses import Hosts, parse_hosts
 from ._core.auth import TLS
 from ._core.channels import (Credentials, Redirect, error_from_rpc, forget_if_unavailable,
                              stub)
-from ._core.exceptions import AgentUnavailableError, ConfigurationError
+from ._core.exceptions import AgentUnavailableError, AuthenticationError, ConfigurationError
 from ._core.proto import remote_tpu_pb2_grpc as pb_grpc
+from ._core.tls_probe import speaks_tls, tls_refusal
 from ._core.topology import Topology
 
 T = TypeVar("T")
@@ -52,6 +53,7 @@ class Target:
         self.hosts = tuple(hosts)
         self.credentials = credentials
         self.local = local
+        self._tls_asked = False          # see _refused_tls
 
     def __repr__(self) -> str:
         return f"<Target {self.gateway}{' (local slice)' if self.local else ''}>"
@@ -63,6 +65,7 @@ class Target:
         """``method(self)``, its gRPC failures turned into our errors. An agent
         that names another as the slice's gateway is followed, once; with
         ``retry``, refused connections are retried (see ``_retrying``)."""
+        self._tls_asked = False
         for redirected in (False, True):
             try:
                 if retry:
@@ -81,7 +84,31 @@ class Target:
             return method(self)
         except grpc.RpcError as exc:
             forget_if_unavailable(exc, self.gateway, self.credentials)
+            self._refused_tls(exc)
             raise
+
+    def _refused_tls(self, exc: grpc.RpcError) -> None:
+        """A connection closed at once may be the agent turning this client's
+        TLS settings away (none, to an agent with TLS; no certificate or the
+        wrong one, to one with mutual TLS), which gRPC cannot tell from an agent
+        restarting: asked once (``tls_probe``), and raised, not retried for 15 s
+        and blamed on an agent that did answer."""
+        if self._tls_asked or not _unavailable(exc) or \
+                "socket closed" not in (exc.details() or "").lower():
+            return
+        self._tls_asked = True
+        tls = self.credentials.tls
+        if tls is None:
+            if speaks_tls(self.gateway):
+                raise AgentUnavailableError(
+                    f"the agent at {self.gateway} speaks TLS and this client connects "
+                    "without it: pass tls=remote_tpu.TLS(ca=...) (or set $REMOTE_TPU_TLS_CA) "
+                    "with the CA that signed the agent's certificate") from None
+            return
+        why = tls_refusal(self.gateway, tls)
+        if why:
+            raise AuthenticationError(f"the agent at {self.gateway} refused this client's "
+                                      f"TLS connection: {why}") from None
 
     def explain(self, err: Exception) -> Exception:
         """``err``, with what a local slice's caller should know added."""

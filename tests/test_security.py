@@ -157,9 +157,12 @@ def test_tls_client_verifies_the_agent_against_its_ca(pki, tmp_path):
         forged = _marking(tmp_path, tls=remote_tpu.TLS(ca=str(pki["rogue"].path)), **kw)
         with pytest.raises(remote_tpu.AgentUnavailableError, match="TLS"):
             forged()
-        plaintext = _marking(tmp_path, **kw)
-        with pytest.raises(remote_tpu.AgentUnavailableError):
+        plaintext = _marking(tmp_path, **kw)       # said at once, not retried for 15 s
+        start = time.monotonic()
+        with pytest.raises(remote_tpu.AgentUnavailableError, match="speaks TLS") as err:
             plaintext()
+        assert time.monotonic() - start < 10
+        assert "tls=remote_tpu.TLS(ca=...)" in str(err.value)
         assert _marks(tmp_path) == ["ran-on-0"]
     finally:
         agents.stop()
@@ -171,11 +174,17 @@ def test_mutual_tls_refuses_clients_without_a_certificate_from_the_ca(pki, tmp_p
     ca = str(pki["ca"].path)
     kw = dict(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0], token=agents.token)
     try:
-        for tls in (remote_tpu.TLS(ca=ca),
-                    remote_tpu.TLS(ca=ca, cert=pki["rogue_client"][0],
-                                   key=pki["rogue_client"][1])):
-            with pytest.raises(remote_tpu.AgentUnavailableError):
+        # Refused at once, and said why: gRPC sees only "Socket closed", as of an
+        # agent restarting, but is not left to retry for 15 s and blame the agent.
+        for tls, why in ((remote_tpu.TLS(ca=ca), "this client sent none"),
+                         (remote_tpu.TLS(ca=ca, cert=pki["rogue_client"][0],
+                                         key=pki["rogue_client"][1]),
+                          "does not accept this client's certificate")):
+            start = time.monotonic()
+            with pytest.raises(remote_tpu.AuthenticationError, match=why) as err:
                 _marking(tmp_path, tls=tls, **kw)()
+            assert time.monotonic() - start < 10
+            assert "cert=..., key=..." in str(err.value)
         assert _marks(tmp_path) == []
         cert, key = pki["client"]
         assert _marking(tmp_path, tls=remote_tpu.TLS(ca=ca, cert=cert, key=key), **kw)() == "ran"
