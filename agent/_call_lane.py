@@ -13,7 +13,9 @@ handed out on the gRPC call, where the token was checked. On the lane:
 - ``CANCEL``, or the caller closing the connection, cancels the running call,
   as a gRPC caller that goes away does;
 - one call at a time;
-- a lane idle for ``IDLE_SECONDS`` is closed by the gateway.
+- a lane idle for ``IDLE_SECONDS`` is closed by the gateway;
+- the caller sends ``ALIVE`` once a second: while a call is on the lane, a
+  caller silent for ``PING_SILENCE_SECONDS`` is taken as gone.
 
 The call itself is served exactly as ``RunInline`` serves it (``run``), with a
 context that does what that needs of gRPC's (``LaneContext``).
@@ -27,6 +29,7 @@ import queue
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -38,16 +41,21 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_CANCEL,
-                                   data_wire.CALL_LANE_EVENT, data_wire.CALL_LANE_END,
-                                   data_wire.CALL_LANE_ERROR)
+CALL, CANCEL, EVENT, END, ERROR, ALIVE = (
+    data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_CANCEL, data_wire.CALL_LANE_EVENT,
+    data_wire.CALL_LANE_END, data_wire.CALL_LANE_ERROR, data_wire.CALL_LANE_ALIVE)
 
 # A lane no call came on for this long is closed (each holds one of the data
 # port's connections): the caller's next call goes on gRPC, and is offered a new one.
 IDLE_SECONDS = 600.0
-# A caller silent this long (its host gone, the network cut) counts as gone,
-# and its call is cancelled: as the agent's gRPC keepalive finds such callers.
+# A caller whose host is gone (or the network to it cut) counts as gone, and its
+# call is cancelled, as the agent's gRPC keepalive finds such callers: after
+# SILENCE_SECONDS when nothing sent to it waits (TCP keepalive probes), else
+# after PING_SILENCE_SECONDS without its ALIVE frames (it sends one a second).
+# A caller that only stops reading (its output piped to a slow reader) still
+# sends them, and is waited for, as gRPC waits for it.
 SILENCE_SECONDS = 3.0
+PING_SILENCE_SECONDS = 10.0
 
 RunCall = Callable[[pb.RunRequest, "LaneContext"], Iterator[pb.Event]]
 
@@ -127,28 +135,30 @@ class CallLane:
         self._calls: queue.Queue[pb.RunRequest | None] = queue.Queue()
         self._current: LaneContext | None = None
         self._pending = 0              # calls sent and not yet over
+        self._idle_since = time.monotonic()     # when the last of them was over
         self._gone = False             # the caller went away: no call of it starts
         self._lock = threading.Lock()
 
     def serve(self, sock: socket.socket) -> bytes:
         sock.settimeout(None)
-        data_wire.keep_alive(sock, SILENCE_SECONDS)
+        data_wire.keep_alive(sock, SILENCE_SECONDS, bound_unacked=False)
         runner = threading.Thread(target=self._runner, args=(sock,), daemon=True,
                                   name="call-lane")
         runner.start()
         poll = select.poll()
         poll.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+        heard = time.monotonic()
         try:
-            while True:
-                if not poll.poll(IDLE_SECONDS * 1000):
-                    if self._idle():
-                        log.info("a caller's lane was idle for %g s: closed", IDLE_SECONDS)
-                        break
+            while (wait := self._wait(heard)) > 0:
+                if not poll.poll(wait * 1000):
                     continue
                 frame = read_frame(sock)
                 if frame is None:
                     break
+                heard = time.monotonic()
                 kind, body = frame
+                if kind == ALIVE:
+                    continue
                 if kind == CALL:
                     request = pb.RunRequest.FromString(body)
                     with self._lock:
@@ -172,9 +182,23 @@ class CallLane:
             runner.join()
         return b""
 
-    def _idle(self) -> bool:
+    def _wait(self, heard: float) -> float:
+        """How long to wait for the caller's next frame (last ``heard`` then);
+        0 once the lane is over: its caller silent during a call, or no call
+        on it for ``IDLE_SECONDS``."""
+        now = time.monotonic()
         with self._lock:
-            return not self._pending
+            pending, idle_since = self._pending, self._idle_since
+        if pending:
+            left = PING_SILENCE_SECONDS - (now - heard)
+            if left <= 0:
+                log.info("a caller's lane was silent for %g s during a call: taken as gone",
+                         PING_SILENCE_SECONDS)
+            return max(left, 0)
+        left = IDLE_SECONDS - (now - idle_since)
+        if left <= 0:
+            log.info("a caller's lane was idle for %g s: closed", IDLE_SECONDS)
+        return min(max(left, 0), PING_SILENCE_SECONDS)
 
     def _cancel(self) -> None:
         with self._lock:
@@ -209,6 +233,7 @@ class CallLane:
                 with self._lock:
                     self._current = None
                     self._pending -= 1
+                    self._idle_since = time.monotonic()
                 context.end()
 
 

@@ -173,17 +173,22 @@ CALL_LANE_CANCEL = 2   # caller -> gateway: cancel the running call
 CALL_LANE_EVENT = 3    # gateway -> caller: an Event of the call
 CALL_LANE_END = 4      # gateway -> caller: the call's events are over
 CALL_LANE_ERROR = 5    # gateway -> caller: the call was refused (JSON: code, details, kind)
+CALL_LANE_ALIVE = 6    # caller -> gateway: it lives (once a second), though it may not read
 
 
-def keep_alive(sock: socket.socket, seconds: float) -> None:
+def keep_alive(sock: socket.socket, seconds: float, bound_unacked: bool = True) -> None:
     """A lane's other end that goes silent (its host gone, the network cut)
     counts as gone after about ``seconds``: TCP keepalive probes while the
-    lane is idle, and a bound on how long what was sent may stay unacknowledged
-    (Linux), as gRPC's keepalive does for its calls."""
+    lane is idle, and (``bound_unacked``) a bound on how long what was sent may
+    stay unacknowledged (Linux), as gRPC's keepalive does for its calls. That
+    bound also ends a connection whose other end is there but reads nothing
+    for as long (a zero window), so a sender to a reader that may stall (a
+    caller whose output is piped to a slow reader) must do without it."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     probe = max(1, int(seconds / 3))
-    for name, value in (("TCP_KEEPIDLE", probe), ("TCP_KEEPINTVL", probe), ("TCP_KEEPCNT", 2),
-                        ("TCP_USER_TIMEOUT", int(seconds * 1000))):
+    options = [("TCP_KEEPIDLE", probe), ("TCP_KEEPINTVL", probe), ("TCP_KEEPCNT", 2)]
+    for name, value in options + ([("TCP_USER_TIMEOUT", int(seconds * 1000))]
+                                  if bound_unacked else []):
         option = getattr(socket, name, None)
         if option is not None:
             try:
