@@ -14,8 +14,8 @@ handed out on the gRPC call, where the token was checked. On the lane:
   as a gRPC caller that goes away does;
 - one call at a time;
 - a lane idle for ``IDLE_SECONDS`` is closed by the gateway;
-- the caller sends ``ALIVE`` once a second: while a call is on the lane, a
-  caller silent for ``PING_SILENCE_SECONDS`` is taken as gone.
+- a caller gone (its host, or the network to it) cancels its call: see
+  ``SILENCE_SECONDS``.
 
 The call itself is served exactly as ``RunInline`` serves it (``run``), with a
 context that does what that needs of gRPC's (``LaneContext``).
@@ -28,6 +28,7 @@ import logging
 import queue
 import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,9 +42,9 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-CALL, CANCEL, EVENT, END, ERROR, ALIVE = (
-    data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_CANCEL, data_wire.CALL_LANE_EVENT,
-    data_wire.CALL_LANE_END, data_wire.CALL_LANE_ERROR, data_wire.CALL_LANE_ALIVE)
+CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_CANCEL,
+                                   data_wire.CALL_LANE_EVENT, data_wire.CALL_LANE_END,
+                                   data_wire.CALL_LANE_ERROR)
 
 # A lane no call came on for this long is closed (each holds one of the data
 # port's connections): the caller's next call goes on gRPC, and is offered a new one.
@@ -51,11 +52,12 @@ IDLE_SECONDS = 600.0
 # A caller whose host is gone (or the network to it cut) counts as gone, and its
 # call is cancelled, as the agent's gRPC keepalive finds such callers: after
 # SILENCE_SECONDS when nothing sent to it waits (TCP keepalive probes), else
-# after PING_SILENCE_SECONDS without its ALIVE frames (it sends one a second).
-# A caller that only stops reading (its output piped to a slow reader) still
-# sends them, and is waited for, as gRPC waits for it.
+# once its kernel has left what was sent, or our probes of its full window,
+# unacknowledged for UNANSWERED_SECONDS (``_unanswered``). A caller that only
+# stops reading (its output piped to a slow reader, its process stopped) is
+# still answered for by its kernel, and is waited for, as gRPC waits for it.
 SILENCE_SECONDS = 3.0
-PING_SILENCE_SECONDS = 10.0
+UNANSWERED_SECONDS = 10.0
 
 RunCall = Callable[[pb.RunRequest, "LaneContext"], Iterator[pb.Event]]
 
@@ -147,18 +149,25 @@ class CallLane:
         runner.start()
         poll = select.poll()
         poll.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
-        heard = time.monotonic()
+        unanswered_since = None
         try:
-            while (wait := self._wait(heard)) > 0:
+            while (wait := self._wait()) > 0:
                 if not poll.poll(wait * 1000):
+                    if not self._pending_calls():
+                        continue
+                    if not _unanswered(sock):
+                        unanswered_since = None
+                    elif unanswered_since is None:
+                        unanswered_since = time.monotonic()
+                    elif time.monotonic() - unanswered_since >= UNANSWERED_SECONDS:
+                        log.info("a caller's lane went unanswered for %g s during a call: "
+                                 "taken as gone", UNANSWERED_SECONDS)
+                        break
                     continue
                 frame = read_frame(sock)
                 if frame is None:
                     break
-                heard = time.monotonic()
                 kind, body = frame
-                if kind == ALIVE:
-                    continue
                 if kind == CALL:
                     request = pb.RunRequest.FromString(body)
                     with self._lock:
@@ -182,23 +191,22 @@ class CallLane:
             runner.join()
         return b""
 
-    def _wait(self, heard: float) -> float:
-        """How long to wait for the caller's next frame (last ``heard`` then);
-        0 once the lane is over: its caller silent during a call, or no call
+    def _wait(self) -> float:
+        """How long to wait for the caller's next frame: while a call is on
+        the lane, a second (then ``_unanswered`` is asked); 0 once no call came
         on it for ``IDLE_SECONDS``."""
-        now = time.monotonic()
         with self._lock:
             pending, idle_since = self._pending, self._idle_since
         if pending:
-            left = PING_SILENCE_SECONDS - (now - heard)
-            if left <= 0:
-                log.info("a caller's lane was silent for %g s during a call: taken as gone",
-                         PING_SILENCE_SECONDS)
-            return max(left, 0)
-        left = IDLE_SECONDS - (now - idle_since)
+            return 1.0
+        left = IDLE_SECONDS - (time.monotonic() - idle_since)
         if left <= 0:
             log.info("a caller's lane was idle for %g s: closed", IDLE_SECONDS)
-        return min(max(left, 0), PING_SILENCE_SECONDS)
+        return max(left, 0)
+
+    def _pending_calls(self) -> int:
+        with self._lock:
+            return self._pending
 
     def _cancel(self) -> None:
         with self._lock:
@@ -235,6 +243,21 @@ class CallLane:
                     self._pending -= 1
                     self._idle_since = time.monotonic()
                 context.end()
+
+
+def _unanswered(sock: socket.socket) -> bool:
+    """Whether the caller's kernel leaves what we sent it unacknowledged now:
+    retransmissions, or probes of its full window, unanswered (Linux's
+    TCP_INFO; elsewhere the kernel's own limits end such a connection)."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None:
+        return False
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, option, 8)
+    except OSError:
+        return False
+    _state, _ca_state, retransmits, probes = struct.unpack_from("4B", info)
+    return retransmits > 0 or probes > 0
 
 
 def _send_error(sock: socket.socket, code: grpc.StatusCode, details: str, kind: str) -> bool:

@@ -18,7 +18,6 @@ import json
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import grpc
@@ -27,26 +26,20 @@ from ._core import data_wire
 from ._core.data_wire import read_frame, send_frame
 from ._core.proto import remote_tpu_pb2 as pb
 
-CALL, EVENT, END, ERROR, ALIVE = (data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_EVENT,
-                                  data_wire.CALL_LANE_END, data_wire.CALL_LANE_ERROR,
-                                  data_wire.CALL_LANE_ALIVE)
+CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_CANCEL,
+                                   data_wire.CALL_LANE_EVENT, data_wire.CALL_LANE_END,
+                                   data_wire.CALL_LANE_ERROR)
 
 # A gateway silent this long (its host gone, the network cut) counts as gone.
 SILENCE_SECONDS = 10.0
-# How often a lane tells its gateway that this process lives, from a thread of
-# its own, so that a caller that stops reading (its output piped to a slow
-# reader) is not taken for one that is gone (agent/_call_lane.py).
-ALIVE_SECONDS = 1.0
 
 _lock = threading.Lock()
-_send_lock = threading.Lock()          # a lane's frames go whole (calls and ALIVEs)
 _lanes: dict[tuple[str, object], tuple[int, socket.socket]] = {}   # idle ones, by pid
 
 
 def _forget_in_child() -> None:
-    global _lock, _send_lock
-    _lock = threading.Lock()           # (another thread may have held them at the fork)
-    _send_lock = threading.Lock()
+    global _lock
+    _lock = threading.Lock()           # (another thread may have held it at the fork)
     for _, sock in _lanes.values():
         sock.close()                   # the child's copies; the parent's lanes go on
     _lanes.clear()
@@ -85,24 +78,7 @@ def opened(gateway: str, credentials, ticket: pb.DataTicket) -> None:
         data_wire.keep_alive(sock, SILENCE_SECONDS)
     except (data_wire.Unreachable, OSError):
         return                       # its calls go on gRPC, as before
-    threading.Thread(target=_alive, args=(sock,), daemon=True, name="lane-alive").start()
     _put((gateway, credentials), sock)
-
-
-def _send(sock: socket.socket, kind: int, body: bytes = b"") -> None:
-    with _send_lock:
-        send_frame(sock, kind, body)
-
-
-def _alive(sock: socket.socket) -> None:
-    """ALIVE once a second for as long as the lane is open (this process's
-    end of it closed, or the gateway's: a send fails, and this ends)."""
-    while True:
-        time.sleep(ALIVE_SECONDS)
-        try:
-            _send(sock, ALIVE)
-        except OSError:
-            return
 
 
 def close(gateway: str) -> None:
@@ -140,7 +116,7 @@ def start(gateway: str, credentials, request: pb.RunRequest) -> LaneStream | Non
         return None
     stream = LaneStream(key, sock)
     try:
-        _send(sock, CALL, request.SerializeToString())
+        send_frame(sock, CALL, request.SerializeToString())
         first = stream.next_event()
     except LaneError:
         _put(key, sock)                # (the lane goes on: the refusal was its answer)

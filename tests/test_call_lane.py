@@ -17,6 +17,7 @@ import pytest
 import remote_tpu
 from remote_tpu import _call_lane as lane
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu_agent import _call_lane as lane_server
 
 from conftest import ROOT, Agents, dropping, need_iptables, wait_until
 
@@ -227,12 +228,13 @@ def test_a_forked_child_does_not_use_its_parents_lane(slice_):
     assert step() == 2 and _lanes_to(slice_) == 1   # the parent's still works
 
 
-def test_a_caller_that_stops_reading_for_a_while_loses_nothing(slice_, tmp_path):
-    """A caller whose output is piped to a reader that pauses (a pager, a slow
-    consumer) reads nothing for seconds; its lane fills and the gateway's
-    sends wait. It is not gone (it says so once a second), so its call is not
-    cancelled: once read again, every line arrives, and the value. (Its lane
-    used to take it as gone after 3 s and cancel the call.)"""
+def test_a_caller_that_stops_for_a_while_loses_nothing(slice_):
+    """A caller that reads nothing for a while (its output piped to a reader
+    that pauses; here its whole process stopped, longer than a vanished
+    caller is waited for) fills its lane, and the gateway's sends wait. Its
+    kernel still answers, so it is not gone, and its call is not cancelled:
+    once it goes on, every line arrives, and the value. (Its lane used to
+    take it as gone after 3 s and cancel the call.)"""
     lines = 100_000                        # 10 MB: far past both ends' socket buffers
     code = (
         "import sys, remote_tpu\n"
@@ -252,18 +254,24 @@ def test_a_caller_that_stops_reading_for_a_while_loses_nothing(slice_, tmp_path)
         "        sys.stdout.write(f'{i:09d} ' + 'x' * 89 + '\\n')\n"
         "    return n\n"
         "flood(0)\n"
+        "print('warm', flush=True)\n"
         f"value = flood({lines})\n"
         "print(f'value {value}', flush=True)\n"
-        "print(f'lane {used}', file=sys.stderr)\n"
-        "remote_tpu.release(hosts=" + repr(slice_.addresses[0]) + ", token="
-        + repr(slice_.token) + ")\n")
+        "print(f'lane {used}', file=sys.stderr)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:
-        time.sleep(8)                      # nobody reads its stdout meanwhile
+        assert proc.stdout.readline() == b"warm\n"
+        time.sleep(1)                      # the flood fills its lane meanwhile
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(lane_server.UNANSWERED_SECONDS + 2)
+        os.kill(proc.pid, signal.SIGCONT)
         out, err = proc.communicate(timeout=120)
     finally:
-        proc.kill()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 0, err.decode()[-2000:]
     assert "lane [False, True]" in err.decode(), err.decode()[-2000:]   # the 2nd: on the lane
     got = out.decode().splitlines()
@@ -271,14 +279,14 @@ def test_a_caller_that_stops_reading_for_a_while_loses_nothing(slice_, tmp_path)
     assert [line[:9] for line in got[:-1]] == [f"{i:09d}" for i in range(lines)]
 
 
-def test_a_caller_stopped_while_its_output_waits_is_taken_as_gone(slice_, tmp_path):
-    """The other side of the same coin: a caller whose process is stopped
-    (as a vanished host, it sends nothing more, though its kernel still
-    acknowledges) while its call's output fills the lane: without its ALIVE
-    frames for 10 s it is taken as gone, and the call cancelled."""
-    warm = tmp_path / "warm"
+def test_a_caller_whose_host_goes_silent_while_its_output_waits_is_cancelled(slice_):
+    """The other side: a caller whose host is gone without a word while its
+    call's output fills the lane (no keepalive probes then: something is
+    unacknowledged) is taken as gone once its kernel has left our probes
+    unanswered for 10 s, and the call is cancelled."""
+    need_iptables()
     code = (
-        "import pathlib, remote_tpu\n"
+        "import remote_tpu\n"
         f"@remote_tpu.run(accelerator='tpu-v4-16', hosts={slice_.addresses[0]!r}, "
         f"token={slice_.token!r}, keep_warm=60)\n"
         "def flood(forever):\n"
@@ -286,12 +294,12 @@ def test_a_caller_stopped_while_its_output_waits_is_taken_as_gone(slice_, tmp_pa
         "    while forever:\n"
         "        sys.stdout.write('x' * 99 + '\\n')\n"
         "flood(False)\n"
-        f"pathlib.Path({str(warm)!r}).touch()\n"
+        "print('warm', flush=True)\n"
         "flood(True)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     try:
-        assert wait_until(warm.exists, timeout=60), "the first call did not end"
+        assert proc.stdout.readline() == b"warm\n"
 
         def second():
             found = [j for j in remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)
@@ -299,12 +307,11 @@ def test_a_caller_stopped_while_its_output_waits_is_taken_as_gone(slice_, tmp_pa
             return found[0] if found else None
         assert wait_until(lambda: second() is not None and second().state == "RUNNING",
                           timeout=30)
-        os.kill(proc.pid, signal.SIGSTOP)
-        start = time.monotonic()
-        assert wait_until(lambda: second().finished, timeout=40), second()
-        assert 8 < time.monotonic() - start < 30
+        with dropping(slice_.data_ports[0]):
+            start = time.monotonic()
+            assert wait_until(lambda: second().finished, timeout=60), second()
+            assert time.monotonic() - start > lane_server.UNANSWERED_SECONDS
         assert second().state == "CANCELLED" and "went away" in second().detail, second()
     finally:
-        os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
         proc.wait()

@@ -173,7 +173,6 @@ CALL_LANE_CANCEL = 2   # caller -> gateway: cancel the running call
 CALL_LANE_EVENT = 3    # gateway -> caller: an Event of the call
 CALL_LANE_END = 4      # gateway -> caller: the call's events are over
 CALL_LANE_ERROR = 5    # gateway -> caller: the call was refused (JSON: code, details, kind)
-CALL_LANE_ALIVE = 6    # caller -> gateway: it lives (once a second), though it may not read
 
 
 def keep_alive(sock: socket.socket, seconds: float, bound_unacked: bool = True) -> None:
