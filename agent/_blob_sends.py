@@ -171,15 +171,18 @@ def send_file(address: str, ref: pb.BlobRef, path: str, credentials: Credentials
 
 
 def ensure_on(addresses: Sequence[str], refs: Sequence[pb.BlobRef],
-              path_of: Callable[[bytes], str], credentials: Credentials) -> dict[str, str]:
+              path_of: Callable[[bytes], str], credentials: Credentials
+              ) -> tuple[dict[str, str], set[str]]:
     """Before a job starts on these agents: each holds every buffer of it
     (those it lacks, evicted or never passed on, are sent from this agent's
     cache, where ``path_of(digest)`` is its file; all agents at once). What
-    could not be done, by address."""
+    could not be done, by address; and which of them did not answer at all
+    (asking them anything more would only wait again)."""
     if not refs or not addresses:
-        return {}
+        return {}, set()
 
     within = credentials.answer_within(30)
+    silent: set[str] = set()
 
     def one(address: str) -> str:
         try:
@@ -187,10 +190,16 @@ def ensure_on(addresses: Sequence[str], refs: Sequence[pb.BlobRef],
                 pb.BlobQuery(blobs=refs), timeout=within, metadata=credentials.metadata).present
         except grpc.RpcError as exc:
             why = f"{exc.code().name}: {exc.details()}"
-            if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                silent.add(address)
                 return (f"the agent at {address} did not answer within {within:g} s when "
                         f"asked for the call's buffers ({why}): it hangs, or its host or "
                         "the network to it is down")
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                silent.add(address)
+                return (f"the agent at {address} could not be reached when asked for the "
+                        f"call's buffers ({why}): it is not running, or its host or the "
+                        "network to it is down")
             return f"could not ask the agent at {address} for the call's buffers: {why}"
         for ref, there in zip(refs, present):
             if there:
@@ -203,4 +212,4 @@ def ensure_on(addresses: Sequence[str], refs: Sequence[pb.BlobRef],
     unique = list(dict.fromkeys(addresses))
     with concurrent.futures.ThreadPoolExecutor(len(unique)) as pool:
         problems = dict(zip(unique, pool.map(one, unique)))
-    return {address: why for address, why in problems.items() if why}
+    return {address: why for address, why in problems.items() if why}, silent

@@ -79,6 +79,7 @@ class GatewayJob:
         self._peer_credentials = peer_credentials
         self._blobs = blobs
         self._blob_problems: dict[str, str] = {}     # peer agent: why it lacks the buffers
+        self._silent: set[str] = set()               # peer agents that did not even answer
         self.job_dir = job_dir
         # This host's processes: process 0 (the coordinator) works in job_dir itself.
         self.locals = list(warm.locals) if warm else []
@@ -137,9 +138,9 @@ class GatewayJob:
         """Every host's output (``started``, ``output``) as it comes, then ``end``."""
         try:
             if self._blobs is not None:
-                self._blob_problems = ensure_on([r.address for r in self.remotes],
-                                                refs_of(self.spec), self._blobs.path,
-                                                self._peer_credentials)
+                self._blob_problems, self._silent = ensure_on(
+                    [r.address for r in self.remotes], refs_of(self.spec),
+                    self._blobs.path, self._peer_credentials)
             refused = self._preflight()
             if refused:
                 yield pb.Event(host=0, end=pb.JobEnd(
@@ -178,13 +179,13 @@ class GatewayJob:
         started; a peer gone since fails its call, and so the session)."""
         if self.reuse is not None:
             return []
-        # One check per peer agent, whatever its processes; none of one found wanting.
-        first = {r.address: r for r in self.remotes if r.address not in self._blob_problems}
+        # One check per peer agent, whatever its processes; none of a silent one.
+        first = {r.address: r for r in self.remotes if r.address not in self._silent}
         with concurrent.futures.ThreadPoolExecutor(max(1, len(first))) as pool:
             by_agent = dict(zip(first, pool.map(lambda r: r.preflight(), first.values())))
         self.permanent = any(permanent for _, permanent in by_agent.values())
-        problems = [self._blob_problems.get(remote.address) or by_agent[remote.address][0]
-                    for remote in self.remotes]
+        problems = [by_agent.get(remote.address, ("", False))[0] or
+                    self._blob_problems.get(remote.address, "") for remote in self.remotes]
         refused = []
         if self.tpu is not None:
             try:

@@ -65,8 +65,8 @@ class Target:
         """``method(self)``, its gRPC failures turned into our errors. An agent
         that names another as the slice's gateway is followed, once; with
         ``retry``, refused connections are retried (see ``_retrying``)."""
-        self._tls_asked = False
         for redirected in (False, True):
+            self._tls_asked = False            # (asked of each gateway once)
             try:
                 if retry:
                     return _retrying(self.gateway, lambda: self._attempt(method))

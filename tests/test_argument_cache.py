@@ -365,7 +365,7 @@ def test_a_peer_lacking_a_buffer_is_sent_it_from_the_gateways_cache(pair, tmp_pa
     ask = lambda: list(stub(peer, credentials).HaveBlobs(     # noqa: E731
         pb.BlobQuery(blobs=[ref]), timeout=10, metadata=credentials.metadata).present)
     assert ask() == [False]
-    assert ensure_on([peer], [ref], cache.path, credentials) == {}
+    assert ensure_on([peer], [ref], cache.path, credentials) == ({}, set())
     assert ask() == [True]
-    assert ensure_on([peer], [ref], cache.path, credentials) == {}    # there now: nothing sent
+    assert ensure_on([peer], [ref], cache.path, credentials) == ({}, set())  # there: none sent
     cache.close()

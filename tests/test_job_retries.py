@@ -152,6 +152,12 @@ def test_a_peer_that_refuses_the_gateway_is_not_retried(capfd):
         with pytest.raises(JobFailedError, match="nothing was started on any host"):
             fn([])
         assert "retrying" not in capfd.readouterr().err
+        # The same with a large argument, whose buffers the peer is asked about first.
+        import numpy as np
+        with pytest.raises(JobFailedError, match="nothing was started on any host") as err:
+            fn(np.zeros(2_000_000))
+        assert "refused this client's credentials" in str(err.value)
+        assert "retrying" not in capfd.readouterr().err
         handle = fn.submit([])
         status = handle.wait(30)
         assert status.state == "FAILED" and status.attempts == ()

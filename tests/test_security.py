@@ -176,10 +176,10 @@ def test_mutual_tls_refuses_clients_without_a_certificate_from_the_ca(pki, tmp_p
     try:
         # Refused at once, and said why: gRPC sees only "Socket closed", as of an
         # agent restarting, but is not left to retry for 15 s and blame the agent.
-        for tls, why in ((remote_tpu.TLS(ca=ca), "this client sent none"),
+        for tls, why in ((remote_tpu.TLS(ca=ca), "sends no certificate"),
                          (remote_tpu.TLS(ca=ca, cert=pki["rogue_client"][0],
                                          key=pki["rogue_client"][1]),
-                          "does not accept this client's certificate")):
+                          "a certificate it does not accept")):
             start = time.monotonic()
             with pytest.raises(remote_tpu.AuthenticationError, match=why) as err:
                 _marking(tmp_path, tls=tls, **kw)()

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 
 from .addresses import host_of
 from .auth import TLS
 
 _PROBE_SECONDS = 2.0
+_AGAIN_SECONDS = 0.5
 _HOW = ("pass tls=remote_tpu.TLS(ca=..., cert=..., key=...) (or set $REMOTE_TPU_TLS_CERT "
         "and $REMOTE_TPU_TLS_KEY) with a client certificate signed by the CA its --tls-ca "
         "names")
@@ -34,13 +36,20 @@ def tls_refusal(address: str, tls: TLS) -> str:
             context.load_cert_chain(tls.cert, tls.key)
     except (OSError, ValueError):
         return ""
-    if _handshake(address, context, tls.server_name) is not False:
-        return ""
+    for attempt in range(2):      # (twice: not an agent that died as it took us)
+        if attempt:
+            time.sleep(_AGAIN_SECONDS)
+        if _handshake(address, context, tls.server_name) is not False:
+            return ""
+    unless = ("(unless a TLS proxy stands in front of the agent, and the agent behind it "
+              "is down)")
     if not tls.cert:
-        return ("it demands a client certificate (mutual TLS, --mtls) and this client "
-                f"sent none: {_HOW}")
-    return (f"it does not accept this client's certificate {tls.cert!r} (mutual TLS, "
-            f"--mtls: it closed the connection right after the TLS handshake): {_HOW}")
+        return ("it closed the connection right after the TLS handshake, as an agent "
+                "with mutual TLS (--mtls) does to a client that sends no certificate "
+                f"{unless}: {_HOW}")
+    return (f"it closed the connection right after the TLS handshake, as an agent with "
+            f"mutual TLS (--mtls) does to a certificate it does not accept ({tls.cert!r}) "
+            f"{unless}: {_HOW}")
 
 
 def speaks_tls(address: str) -> bool:
