@@ -54,8 +54,8 @@ IDLE_SECONDS = 600.0
 # SILENCE_SECONDS when nothing sent to it waits (TCP keepalive probes), else
 # once its kernel has left what was sent, or our probes of its full window,
 # unacknowledged for UNANSWERED_SECONDS (``_unanswered``). A caller that only
-# stops reading (its output piped to a slow reader, its process stopped) is
-# still answered for by its kernel, and is waited for, as gRPC waits for it.
+# stops reading (its output piped to a slow reader, as gRPC waits for; even its
+# process stopped) is still answered for by its kernel, and is waited for.
 SILENCE_SECONDS = 3.0
 UNANSWERED_SECONDS = 10.0
 
