@@ -22,7 +22,7 @@ import tenacity
 from ._core.addresses import Hosts, parse_hosts
 from ._core.auth import TLS
 from ._core.channels import (Credentials, Redirect, error_from_rpc, forget_if_unavailable,
-                             stub)
+                             stub, tls_failure)
 from ._core.exceptions import AgentUnavailableError, AuthenticationError, ConfigurationError
 from ._core.proto import remote_tpu_pb2_grpc as pb_grpc
 from ._core.tls_probe import speaks_tls, tls_refusal
@@ -30,7 +30,6 @@ from ._core.topology import Topology
 
 T = TypeVar("T")
 RETRY_SECONDS = 15.0                        # see _retrying
-_TLS_WORDS = ("ssl", "handshake", "certificate", "tsi_")
 _LOCAL_LIFETIME = "a local slice lives only as long as the process that started it"
 _NOT_LOCAL = ("hosts='local' names no slice that can be reached from here: only a call or "
               f"submit() starts a local slice, and {_LOCAL_LIFETIME}. Start one that other "
@@ -197,9 +196,8 @@ def _unavailable(exc: BaseException) -> bool:
     closed. Not a TLS failure, which asking again would not mend."""
     if not isinstance(exc, grpc.RpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
         return False
-    details = (exc.details() or "").lower()
-    return "failed to connect to all addresses" in details and \
-        not any(word in details for word in _TLS_WORDS)
+    details = exc.details() or ""
+    return "failed to connect to all addresses" in details and not tls_failure(details)
 
 
 def _retry_notice(gateway: str) -> None:

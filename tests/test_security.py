@@ -155,8 +155,11 @@ def test_tls_client_verifies_the_agent_against_its_ca(pki, tmp_path):
         ok = _marking(tmp_path, tls=remote_tpu.TLS(ca=str(pki["ca"].path)), **kw)
         assert ok() == "ran"
         forged = _marking(tmp_path, tls=remote_tpu.TLS(ca=str(pki["rogue"].path)), **kw)
-        with pytest.raises(remote_tpu.AgentUnavailableError, match="TLS"):
+        with pytest.raises(remote_tpu.AgentUnavailableError,
+                           match="the TLS handshake with the agent at .* failed") as err:
             forged()
+        assert "CERTIFICATE_VERIFY_FAILED" in str(err.value)
+        assert "names the CA that signed the agent's certificate" in str(err.value)
         plaintext = _marking(tmp_path, **kw)       # said at once, not retried for 15 s
         start = time.monotonic()
         with pytest.raises(remote_tpu.AgentUnavailableError, match="speaks TLS") as err:

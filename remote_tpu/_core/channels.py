@@ -189,6 +189,16 @@ def forget_if_unavailable(exc: BaseException, address: str, credentials: Credent
         forget(address, credentials)
 
 
+_TLS_WORDS = ("ssl", "handshake", "certificate", "tsi_")
+
+
+def tls_failure(details: str) -> bool:
+    """Whether gRPC's ``details`` of a failed connection tell of TLS (which
+    asking again would not mend)."""
+    details = details.lower()
+    return any(word in details for word in _TLS_WORDS)
+
+
 def error_from_rpc(exc: grpc.RpcError, address: str) -> RemoteTPUError:
     """The exception a failed call to the agent at ``address`` becomes."""
     code = exc.code() if hasattr(exc, "code") else None
@@ -208,6 +218,12 @@ def error_from_rpc(exc: grpc.RpcError, address: str) -> RemoteTPUError:
             "Supply the slice's token: token=..., $REMOTE_TPU_TOKEN, $REMOTE_TPU_TOKEN_FILE, "
             "or the file ~/.config/remote_tpu/token (made on an agent host by "
             "`remote-tpu-agent token init`; copy it here with mode 0600).")
+    if code == grpc.StatusCode.UNAVAILABLE and tls_failure(details):
+        return AgentUnavailableError(
+            f"the TLS handshake with the agent at {address} failed ({details}). Check that "
+            "tls=remote_tpu.TLS(ca=...) (or $REMOTE_TPU_TLS_CA) names the CA that signed the "
+            "agent's certificate, and, when the address dialed is not the name in that "
+            "certificate (an SSH tunnel to localhost, say), server_name= that name.")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return AgentUnavailableError(
             f"no remote_tpu agent answered at {address} ({code.name}: {details}). "
