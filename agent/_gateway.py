@@ -63,7 +63,9 @@ class GatewayRole:
             payload = self._host.uploads.receive(spec, requests, path, context)
             spec.num_hosts = len(hosts)
             spec.hosts[:] = hosts
-            record, created = self._host.store.create(spec, pb.ROLE_GATEWAY)
+            # (Not yet written when its caller may run it at once: then its
+            # first write says RUNNING. run_attached writes it otherwise.)
+            record, created = self._host.store.create(spec, pb.ROLE_GATEWAY, save=submit)
             if created and spec.earlier_attempts:     # a caller's own retries= before it
                 with record.changed:
                     record.status.attempts.extend(spec.earlier_attempts[-200:])
@@ -131,6 +133,7 @@ class GatewayRole:
                  pb.STREAM_MODE_NONE: []}.get(spec.stream, [0])
         warm = self.scheduler.claim(record) if created else None   # (run at once below)
         if created and warm is None:
+            self._host.store.save(record)
             self.scheduler.submit(record)
             log.info("job %s: queued (%d host(s))", spec.job_id, spec.num_hosts)
         if not context.is_active():   # gone before its job could be cancelled

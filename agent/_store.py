@@ -144,8 +144,10 @@ class JobStore:
         return JobRecord(self, pb.JobSpec.FromString(spec_blob), role, self._dir(job_id, role),
                          pb.JobStatus.FromString(status_blob))
 
-    def create(self, spec: pb.JobSpec, role: int) -> tuple[JobRecord, bool]:
-        """A new QUEUED record, or the existing one (created = False)."""
+    def create(self, spec: pb.JobSpec, role: int, save: bool = True
+               ) -> tuple[JobRecord, bool]:
+        """A new QUEUED record, or the existing one (created = False). Not
+        ``save``d: known here at once (``get``), written by its next save."""
         with self._lock:
             existing = self.get(spec.job_id, role)
             if existing is not None:
@@ -155,7 +157,8 @@ class JobStore:
                                   created_at=time.time(), num_slices=spec.num_slices)
             record = JobRecord(self, spec, role, self._dir(spec.job_id, role), status)
             self._live[self._key(spec.job_id, role)] = record
-            self.save(record)
+            if save:
+                self.save(record)
             return record, True
 
     @staticmethod
