@@ -23,9 +23,9 @@ from ._core.addresses import Hosts, parse_hosts
 from ._core.auth import TLS
 from ._core.channels import (Credentials, Redirect, error_from_rpc, forget_if_unavailable,
                              stub, tls_failure)
-from ._core.exceptions import AgentUnavailableError, AuthenticationError, ConfigurationError
+from ._core.exceptions import AgentUnavailableError, ConfigurationError
 from ._core.proto import remote_tpu_pb2_grpc as pb_grpc
-from ._core.tls_probe import speaks_tls, tls_refusal
+from ._core.tls_probe import turned_away
 from ._core.topology import Topology
 
 T = TypeVar("T")
@@ -92,22 +92,12 @@ class Target:
         wrong one, to one with mutual TLS), which gRPC cannot tell from an agent
         restarting: asked once (``tls_probe``), and raised, not retried for 15 s
         and blamed on an agent that did answer."""
-        if self._tls_asked or not _unavailable(exc) or \
-                "socket closed" not in (exc.details() or "").lower():
+        if self._tls_asked or not _unavailable(exc):
             return
         self._tls_asked = True
-        tls = self.credentials.tls
-        if tls is None:
-            if speaks_tls(self.gateway):
-                raise AgentUnavailableError(
-                    f"the agent at {self.gateway} speaks TLS and this client connects "
-                    "without it: pass tls=remote_tpu.TLS(ca=...) (or set $REMOTE_TPU_TLS_CA) "
-                    "with the CA that signed the agent's certificate") from None
-            return
-        why = tls_refusal(self.gateway, tls)
-        if why:
-            raise AuthenticationError(f"the agent at {self.gateway} refused this client's "
-                                      f"TLS connection: {why}") from None
+        err = turned_away(self.gateway, self.credentials.tls, exc.details() or "")
+        if err is not None:
+            raise err from None
 
     def explain(self, err: Exception) -> Exception:
         """``err``, with what a local slice's caller should know added."""

@@ -188,6 +188,8 @@ def test_mutual_tls_refuses_clients_without_a_certificate_from_the_ca(pki, tmp_p
                 _marking(tmp_path, tls=tls, **kw)()
             assert time.monotonic() - start < 10
             assert "cert=..., key=..." in str(err.value)
+            with pytest.raises(remote_tpu.AuthenticationError, match=why):   # (multislice,
+                health(agents.addresses[0], Credentials(agents.token, tls))   # version)
         assert _marks(tmp_path) == []
         cert, key = pki["client"]
         assert _marking(tmp_path, tls=remote_tpu.TLS(ca=ca, cert=cert, key=key), **kw)() == "ran"

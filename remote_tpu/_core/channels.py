@@ -20,6 +20,7 @@ from .exceptions import (AgentUnavailableError, AuthenticationError, Configurati
                           RemoteTPUError, SerializationError, VersionMismatchError)
 from .proto import remote_tpu_pb2 as pb
 from .proto import remote_tpu_pb2_grpc as pb_grpc
+from .tls_probe import turned_away
 
 # Trailing metadata key an agent sets on a refused call: what kind of error it is.
 ERROR_KIND_KEY = "remote-tpu-error"
@@ -286,4 +287,8 @@ def health(address: str, credentials: Credentials, *, attempts: int = 3,
     try:
         return retrying(ask)
     except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:       # (see tls_probe)
+            refused = turned_away(address, credentials.tls, exc.details() or "")
+            if refused is not None:
+                raise refused from None
         raise error_from_rpc(exc, address) from None

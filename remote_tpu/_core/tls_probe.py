@@ -19,12 +19,33 @@ import time
 
 from .addresses import host_of
 from .auth import TLS
+from .exceptions import AgentUnavailableError, AuthenticationError, RemoteTPUError
 
 _PROBE_SECONDS = 2.0
 _AGAIN_SECONDS = 0.5
 _HOW = ("pass tls=remote_tpu.TLS(ca=..., cert=..., key=...) (or set $REMOTE_TPU_TLS_CERT "
         "and $REMOTE_TPU_TLS_KEY) with a client certificate signed by the CA its --tls-ca "
         "names")
+
+
+def turned_away(address: str, tls: TLS | None, details: str) -> RemoteTPUError | None:
+    """What to raise when a connection to the agent at ``address`` ended with
+    gRPC's ``details`` and the agent's TLS turned this client away (None when
+    it did not, or when ``details`` are not of a connection closed at once)."""
+    if "socket closed" not in details.lower():
+        return None
+    if tls is None:
+        if speaks_tls(address):
+            return AgentUnavailableError(
+                f"the agent at {address} speaks TLS and this client connects without it: "
+                "pass tls=remote_tpu.TLS(ca=...) (or set $REMOTE_TPU_TLS_CA) with the CA "
+                "that signed the agent's certificate")
+        return None
+    why = tls_refusal(address, tls)
+    if why:
+        return AuthenticationError(f"the agent at {address} refused this client's TLS "
+                                   f"connection: {why}")
+    return None
 
 
 def tls_refusal(address: str, tls: TLS) -> str:
