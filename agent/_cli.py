@@ -134,7 +134,7 @@ def _serve_parser() -> argparse.ArgumentParser:
                         "uses JAX imports it in its call): for many simulated hosts on one "
                         "machine, where a spare with jax for each would cost ~0.8 s of CPU "
                         "and ~150 MB; a spare taken is then replaced once its worker has "
-                        "exited, not during its call")
+                        "exited and the machine's CPUs are idle again, not during its call")
     p.add_argument("--exit-with-stdin", action="store_true",
                    help="shut down when standard input closes (the local slice uses this "
                         "so agents never outlive their client)")

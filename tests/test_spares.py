@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -177,5 +179,28 @@ def test_no_spare_when_the_agent_is_told_so():
     try:
         assert _on(agents)(lambda: 1)() == 1
         assert not wait_until(lambda: _spares(agents.procs[0].pid), timeout=3)
+    finally:
+        agents.stop()
+
+
+@pytest.mark.slow
+def test_a_light_spare_is_replaced_only_once_the_cpus_are_idle_again():
+    """Many simulated hosts share one machine: a replacement started while the
+    call's other hosts still run would take their CPU (64 hosts: twice the call)."""
+    agents = Agents(1, peers=False, extra=["--light-spares"])
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 1)]
+    try:
+        agent = agents.procs[0].pid
+        first = _one_spare(agent)
+        assert _on(agents, init_jax=False)(os.getpid)() == first.pid
+        assert not wait_until(lambda: _spares(agent), timeout=3), \
+            "a spare was started while every CPU was busy"
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    try:
+        assert _one_spare(agent).pid != first.pid       # the CPUs idle again: at once
     finally:
         agents.stop()
