@@ -22,8 +22,6 @@ import logging
 import os
 import socket
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 
 from remote_tpu._core.exceptions import ConfigurationError
@@ -63,6 +61,9 @@ class MetadataServer:
     def get(self, path: str) -> str | None:
         """The value at ``computeMetadata/v1/<path>``; None when it does not exist.
         Raises ConfigurationError when the server cannot be asked."""
+        import urllib.error           # (here: only an agent that asks imports them)
+        import urllib.request
+
         url = f"http://{self.host}/computeMetadata/v1/{path}"
         request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})
         last = ""

@@ -12,7 +12,6 @@ import threading
 import warnings
 
 import grpc
-import tenacity
 
 from .addresses import host_of, is_loopback
 from .auth import TOKEN_METADATA_KEY, TLS, client_token
@@ -276,6 +275,8 @@ def health(address: str, credentials: Credentials, *, attempts: int = 3,
         except grpc.RpcError as exc:
             forget_if_unavailable(exc, address, credentials)
             raise
+
+    import tenacity          # (here: an agent that asks no health never imports it)
 
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(attempts),
