@@ -64,7 +64,8 @@ def measure(accelerator: str, calls: int) -> tuple[float, float, list[float]]:
     wait_quiet()
     rss = _idle_rss_mb(accelerator)
     cold_median = _timed(cold, calls, quiet=True)
-    warm()
+    warm()                                   # (its workers stay; the spares go on
+    wait_quiet()                             # being replaced meanwhile: not timed)
     warm_median = _timed(warm, calls)
     warm.release()
     stop_local_slices()
