@@ -17,7 +17,8 @@ started once that worker has exited (or 2 s after the take, for a job that runs
 on) and the machine's CPUs are idle again: a real host replaces its spare on
 its own CPU, while 64 simulated ones started as their workers exit took 3-5 s
 of the CPU that the call's last hosts still needed, and doubled its time
-(1.2 s against 2.3-2.6 s, 64 hosts on 2 cores). A spare that dies
+(1.2 s against 2.3-2.6 s, 64 hosts on 2 cores); while the CPUs stay busy, a
+cold call starts its own worker. A spare that dies
 is replaced (with a growing pause if spares keep dying), and every spare dies
 with its agent: it reads its control pipe, whose end closes when the agent goes.
 """
@@ -45,8 +46,7 @@ _REFILL_DELAY = 0.1        # after a take: the job's own workers start first
 _REFILL_AFTER = 2.0        # light spares: at the latest this long after a take
 _WATCH_INTERVAL = 0.5
 _IDLE_SAMPLE = 0.2         # light spares: how long each look at the CPUs lasts,
-_IDLE_SHARE = 0.5          # the share of it they must have been idle,
-_IDLE_PATIENCE = 10.0      # and how long to wait for that at most
+_IDLE_SHARE = 0.5          # and the share of it they must have been idle
 # Variables known to be read only once the job's call has come (by our worker,
 # by jax.distributed.initialize, by libtpu when JAX first uses the TPU): a job
 # may set them differently from the spare's start. Any other difference (a
@@ -150,6 +150,7 @@ class Spares:
         self._stopped = threading.Event()
         self._deaths: list[float] = []       # when spares died untaken, recently
         self._timer: threading.Timer | None = None    # the next refill, after a take
+        self._idle_wait = False      # light spares: a thread waits for idle CPUs to refill
         if count:
             self._refill()
             threading.Thread(target=self._watch, daemon=True, name="spares").start()
@@ -164,7 +165,7 @@ class Spares:
             if spare is not None:
                 self._spares.remove(spare)
         if spare is not None:
-            timer = (threading.Timer(_REFILL_AFTER, self._refill_when_idle)
+            timer = (threading.Timer(_REFILL_AFTER, self._refill_once_idle)
                      if self._always_light else threading.Timer(_REFILL_DELAY, self._refill))
             timer.daemon = True
             with self._lock:
@@ -178,8 +179,7 @@ class Spares:
         """A spare taken has done its job (its worker exited): with light
         spares, the next one starts now."""
         if self._always_light:
-            threading.Thread(target=self._refill_when_idle, daemon=True,
-                             name="spare-refill").start()
+            self._refill_once_idle()
 
     def worker_dir(self) -> str:
         """A new directory for one worker's own files (removed when it ends)."""
@@ -211,22 +211,35 @@ class Spares:
             self._spares.append(Spare(proc, env, control_w, status_r, out_r, err_r,
                                       os.path.join(stacks, _worker.STACKS_FILE)))
 
-    def _refill_when_idle(self) -> None:
+    def _refill_once_idle(self) -> None:
         """Light spares: refill once this machine's CPUs were at least half idle
-        over a look (so not while the call's other simulated hosts still run),
-        or after ``_IDLE_PATIENCE`` seconds; at once where the CPUs cannot be read."""
-        deadline = time.monotonic() + _IDLE_PATIENCE
-        before = _cpu_ticks()
-        while before is not None and time.monotonic() < deadline:
-            if self._stopped.wait(_IDLE_SAMPLE):
+        over a look, so not while a call's simulated hosts still run, however
+        long that takes (a deadline would start 64 spares at once in the middle
+        of a later call); at once where the CPUs cannot be read. One thread
+        waits, whatever the number of takes meanwhile."""
+        with self._lock:
+            if self._idle_wait:
                 return
-            after = _cpu_ticks()
-            if after is None:
-                break
-            idle, total = after[0] - before[0], after[1] - before[1]
-            if total > 0 and idle >= _IDLE_SHARE * total:
-                break
-            before = after
+            self._idle_wait = True
+        threading.Thread(target=self._wait_idle_then_refill, daemon=True,
+                         name="spare-refill").start()
+
+    def _wait_idle_then_refill(self) -> None:
+        try:
+            before = _cpu_ticks()
+            while before is not None:
+                if self._stopped.wait(_IDLE_SAMPLE):
+                    return
+                after = _cpu_ticks()
+                if after is None:
+                    break
+                idle, total = after[0] - before[0], after[1] - before[1]
+                if total > 0 and idle >= _IDLE_SHARE * total:
+                    break
+                before = after
+        finally:
+            with self._lock:
+                self._idle_wait = False
         self._refill()
 
     def _watch(self) -> None:
