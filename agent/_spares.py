@@ -43,7 +43,7 @@ from ._process import stop_group
 log = logging.getLogger(__name__)
 
 _REFILL_DELAY = 0.1        # after a take: the job's own workers start first
-_REFILL_AFTER = 2.0        # light spares: at the latest this long after a take
+_REFILL_AFTER = 2.0        # light spares: this long after a take (then once idle)
 _WATCH_INTERVAL = 0.5
 _IDLE_SAMPLE = 0.2         # light spares: how long each look at the CPUs lasts,
 _IDLE_SHARE = 0.5          # and the share of it they must have been idle
@@ -177,7 +177,7 @@ class Spares:
 
     def replace(self) -> None:
         """A spare taken has done its job (its worker exited): with light
-        spares, the next one starts now."""
+        spares, the next one starts once the CPUs are idle."""
         if self._always_light:
             self._refill_once_idle()
 
