@@ -82,6 +82,7 @@ def _flush_forever() -> None:
 def buffer_output() -> None:
     """Replace ``sys.stdout``/``sys.stderr`` (and their ``__stdout__`` twins)
     with buffered streams on file descriptors 1 and 2; start the flusher."""
+    global _c_fflush
     sys.stdout = sys.__stdout__ = _stream(1, sys.stdout, lines=False)
     # stderr stays line-buffered, as Python keeps it: the last words before a
     # crash or a kill are the ones that matter.
@@ -95,6 +96,10 @@ def buffer_output() -> None:
     _exit.__doc__ = real_exit.__doc__
     os._exit = _exit
     _start_flusher()
+    try:                # (looked up now: a spare's first call then need not)
+        _c_fflush = ctypes.CDLL(None).fflush
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _start_flusher() -> None:

@@ -7,8 +7,10 @@ Client, agent (a job spec's client versions), gateway (each peer before a job),
 from __future__ import annotations
 
 import functools
-import importlib.metadata
+import os
 import platform
+import re
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +27,46 @@ _FIELDS = ("protocol", "remote_tpu", "python", "cloudpickle", "jax")
 
 
 def _dist_version(name: str) -> str:
+    """The installed distribution's version, as ``importlib.metadata.version``
+    says it: the first ``.dist-info`` on ``sys.path`` with that name, read
+    directly (importing ``importlib.metadata`` took 30-50 ms of the start of
+    every agent and light spare, and its lookup ~10 ms more); where none is
+    found so (an ``.egg-info``, say), ``importlib.metadata`` itself."""
+    wanted = _normalised(name)
+    for entry in sys.path:
+        try:
+            found = [d for d in os.listdir(entry or ".") if d.endswith(".dist-info")
+                     and _normalised(d.partition("-")[0]) == wanted]
+        except OSError:
+            continue
+        for dist in found:
+            version = _metadata_version(os.path.join(entry, dist, "METADATA"))
+            if version:
+                return version
+    import importlib.metadata
+
     try:
-        return importlib.metadata.version(name)
+        return importlib.metadata.version(name) or ""     # (None: no Version)
     except importlib.metadata.PackageNotFoundError:
         return ""
+
+
+def _normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _metadata_version(path: str) -> str:
+    """The ``Version:`` header of a METADATA file ("" when it has none)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("Version:"):
+                    return line[len("Version:"):].strip()
+                if not line.strip():        # the headers end here
+                    break
+    except OSError:
+        pass
+    return ""
 
 
 @functools.lru_cache(maxsize=1)

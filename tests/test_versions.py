@@ -1,0 +1,71 @@
+"""The versions a process reports (``remote_tpu._core.versions``) are the ones
+``importlib.metadata`` would give, read without importing it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+
+import pytest
+
+from remote_tpu._core import versions
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("name", ["cloudpickle", "jax", "jaxlib", "grpcio", "protobuf",
+                                  "google-cloud-storage", "google_cloud_storage", "tenacity",
+                                  "remote-tpu", "remote_tpu", "typing_extensions"])
+def test_the_installed_versions_are_importlib_metadatas(name):
+    assert versions._dist_version(name) == importlib.metadata.version(name)
+
+
+def test_a_package_not_installed_has_no_version():
+    assert versions._dist_version("no-such-package-here") == ""
+
+
+def _dist(where, dirname, metadata):
+    os.makedirs(os.path.join(where, dirname))
+    if metadata is not None:
+        with open(os.path.join(where, dirname, "METADATA"), "w") as f:
+            f.write(metadata)
+
+
+def test_the_first_on_the_path_wins_and_names_are_normalised(tmp_path, monkeypatch):
+    first, second = tmp_path / "a", tmp_path / "b"
+    _dist(str(first), "Some.Odd_Name-2.0.1.dist-info",
+          "Metadata-Version: 2.1\nName: some-odd-name\nVersion: 2.0.1\n\nVersion: 9\n")
+    _dist(str(second), "some_odd_name-1.0.dist-info",
+          "Metadata-Version: 2.1\nName: some-odd-name\nVersion: 1.0\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "missing"), str(first), str(second)])
+    assert versions._dist_version("some-odd-name") == "2.0.1"
+    assert versions._dist_version("Some.Odd.Name") == "2.0.1"
+    assert versions._dist_version("some-odd") == ""          # a prefix is not a name
+    monkeypatch.setattr(sys, "path", [str(second), str(first)])
+    assert versions._dist_version("some_odd_name") == "1.0"
+
+
+def test_a_dist_info_without_a_version_falls_back_to_importlib_metadata(tmp_path, monkeypatch):
+    _dist(str(tmp_path), "broken-1.0.dist-info", None)                 # no METADATA
+    _dist(str(tmp_path), "headless-1.0.dist-info", "Name: headless\n\nVersion: 3\n")
+    egg = tmp_path / "egged.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: egged\nVersion: 0.5\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    assert versions._dist_version("broken") == ""
+    assert versions._dist_version("headless") == ""      # (a body's "Version:" is no header)
+    assert versions._dist_version("egged") == importlib.metadata.version("egged") == "0.5"
+
+
+def test_a_worker_and_an_agent_start_without_importing_importlib_metadata():
+    """What a spare imports before its call, and the agent's whole start."""
+    code = ("import sys\n"
+            "from remote_tpu._core import serialization, versions\n"
+            "import remote_tpu_agent._cli, remote_tpu_agent._worker\n"
+            "versions.local_versions()\n"
+            "print(sorted(m for m in ('importlib.metadata', 'email') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=50, check=True).stdout
+    assert out.strip() == "[]"
