@@ -12,6 +12,11 @@ replace theirs each on its own) and of as many warm ones (keep_warm: the
 workers stay), then the
 ratio of the 64-host median to the 4-host one (issue 11: target <= 3x), and
 the largest and median idle agent RSS (target <= 60 MB).
+
+Also the CPU each call costs the gateway (host 0's agent) and the whole
+machine. Here every host shares two cores, so a 64-host call takes about the
+whole machine's CPU per call over two; on a real slice each host has its own,
+and what grows with the host count is the gateway's share.
 """
 
 from __future__ import annotations
@@ -28,15 +33,27 @@ from remote_tpu._local_slice import get_local_slice, stop_local_slices
 from _quiet import wait_quiet
 
 
-def _timed(fn, calls: int, quiet: bool = False) -> float:
-    samples = []
+def _cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
+
+
+def _timed(fn, calls: int, gateway: psutil.Process, quiet: bool = False
+           ) -> tuple[float, float, float]:
+    """The median call, and the mean CPU per call of the gateway (host 0's
+    agent) and of the whole machine."""
+    samples, gateway_cpu, machine_cpu = [], 0.0, 0.0
     for _ in range(calls):
         if quiet:
             wait_quiet()
+        before, machine = _cpu_seconds(gateway), psutil.cpu_times()
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        after = psutil.cpu_times()
+        gateway_cpu += _cpu_seconds(gateway) - before
+        machine_cpu += (after.user + after.system) - (machine.user + machine.system)
+    return statistics.median(samples), gateway_cpu / calls, machine_cpu / calls
 
 
 def _idle_rss_mb(accelerator: str) -> list[float]:
@@ -63,13 +80,14 @@ def measure(accelerator: str, calls: int) -> tuple[float, float, list[float]]:
           f"{time.perf_counter() - started:.1f} s", flush=True)
     wait_quiet()
     rss = _idle_rss_mb(accelerator)
-    cold_median = _timed(cold, calls, quiet=True)
+    gateway = psutil.Process(get_local_slice(Topology.parse(accelerator)).procs[0].pid)
+    cold_times = _timed(cold, calls, gateway, quiet=True)
     warm()                                   # (its workers stay; the spares go on
     wait_quiet()                             # being replaced meanwhile: not timed)
-    warm_median = _timed(warm, calls)
+    warm_times = _timed(warm, calls, gateway)
     warm.release()
     stop_local_slices()
-    return cold_median, warm_median, rss
+    return cold_times, warm_times, rss
 
 
 def main() -> None:
@@ -83,14 +101,20 @@ def main() -> None:
     print()
     for accelerator, (cold, warm, rss) in results.items():
         hosts = Topology.parse(accelerator).hosts
-        print(f"{accelerator:12s} {hosts:3d} hosts: cold call {cold * 1e3:7.0f} ms, warm call "
-              f"{warm * 1e3:6.1f} ms; idle agent RSS median {statistics.median(rss):.0f} MB, "
+        print(f"{accelerator:12s} {hosts:3d} hosts: cold call {cold[0] * 1e3:7.0f} ms, warm call "
+              f"{warm[0] * 1e3:6.1f} ms; idle agent RSS median {statistics.median(rss):.0f} MB, "
               f"max {max(rss):.0f} MB")
+        print(f"{'':18s} CPU per call: gateway cold {cold[1] * 1e3:5.0f} ms, warm "
+              f"{warm[1] * 1e3:5.1f} ms; whole machine cold {cold[2] * 1e3:5.0f} ms, warm "
+              f"{warm[2] * 1e3:5.1f} ms")
     names = list(results)
     if len(names) > 1:
         small, large = results[names[0]], results[names[-1]]
-        print(f"{names[-1]} / {names[0]}: cold {large[0] / small[0]:.2f}x, warm "
-              f"{large[1] / small[1]:.2f}x (target <= 3x)")
+        print(f"{names[-1]} / {names[0]}: cold {large[0][0] / small[0][0]:.2f}x, warm "
+              f"{large[1][0] / small[1][0]:.2f}x (target <= 3x)")
+        print(f"  the gateway's CPU per call (what a real slice, each host on its own CPUs, "
+              f"pays in one process): cold {large[0][1] / small[0][1]:.1f}x, warm "
+              f"{large[1][1] / small[1][1]:.1f}x")
 
 
 if __name__ == "__main__":
