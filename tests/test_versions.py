@@ -47,16 +47,46 @@ def test_the_first_on_the_path_wins_and_names_are_normalised(tmp_path, monkeypat
     assert versions._dist_version("some_odd_name") == "1.0"
 
 
-def test_a_dist_info_without_a_version_falls_back_to_importlib_metadata(tmp_path, monkeypatch):
-    _dist(str(tmp_path), "broken-1.0.dist-info", None)                 # no METADATA
+@pytest.fixture
+def no_importlib(monkeypatch):
+    """Fails any lookup that reaches importlib.metadata (it must not be needed)."""
+    def refuse(name):
+        raise AssertionError(f"importlib.metadata was asked for {name}")
+    monkeypatch.setattr(importlib.metadata, "version", refuse)
+
+
+def test_a_dist_info_is_read_without_importlib_metadata(tmp_path, monkeypatch, no_importlib):
+    _dist(str(tmp_path), "plain-1.0.dist-info", "Name: plain\r\nVersion: 1.0 \r\n")
     _dist(str(tmp_path), "headless-1.0.dist-info", "Name: headless\n\nVersion: 3\n")
-    egg = tmp_path / "egged.egg-info"
-    egg.mkdir()
-    (egg / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: egged\nVersion: 0.5\n")
+    _dist(str(tmp_path), "broken-1.0.dist-info", None)                 # no METADATA
     monkeypatch.setattr(sys, "path", [str(tmp_path)])
-    assert versions._dist_version("broken") == ""
+    assert versions._dist_version("plain") == "1.0 "            # (as importlib.metadata says)
     assert versions._dist_version("headless") == ""      # (a body's "Version:" is no header)
-    assert versions._dist_version("egged") == importlib.metadata.version("egged") == "0.5"
+    assert versions._dist_version("broken") == ""
+
+
+def _egg_info(where, dirname, version):
+    os.makedirs(os.path.join(where, dirname))
+    with open(os.path.join(where, dirname, "PKG-INFO"), "w") as f:
+        f.write(f"Metadata-Version: 1.1\nName: pkg\nVersion: {version}\n")
+
+
+def test_what_is_not_one_dist_info_is_importlib_metadatas_to_answer(tmp_path, monkeypatch):
+    """The first entry with the name's metadata answers, whatever its kind, as
+    importlib.metadata has it: an .egg-info, a zip, or two candidates in one
+    directory ahead of a .dist-info further on are not passed over."""
+    later = tmp_path / "later"
+    _dist(str(later), "pkg-9.0.dist-info", "Name: pkg\nVersion: 9.0\n")
+    egg_info, both, zipped = tmp_path / "egginfo", tmp_path / "both", tmp_path / "z.zip"
+    _egg_info(str(egg_info), "pkg.egg-info", "1.0")
+    _egg_info(str(both), "PKG-2.0.EGG-INFO", "2.0")
+    _dist(str(both), "pkg-2.0.dist-info", "Name: pkg\nVersion: 2.0\n")
+    import zipfile
+    with zipfile.ZipFile(zipped, "w") as z:
+        z.writestr("pkg-3.0.dist-info/METADATA", "Name: pkg\nVersion: 3.0\n")
+    for first, version in ((egg_info, "1.0"), (both, "2.0"), (zipped, "3.0"), (later, "9.0")):
+        monkeypatch.setattr(sys, "path", [str(tmp_path / "none"), str(first), str(later)])
+        assert versions._dist_version("pkg") == importlib.metadata.version("pkg") == version
 
 
 def test_a_worker_and_an_agent_start_without_importing_importlib_metadata():
