@@ -42,8 +42,9 @@ class RemoteHost:
         self._spec = spec
         self._payload = payload            # inline, or the path of its file
         self._emit = emit
-        # What to send next: a request, or the path of a payload to send in chunks.
-        self._controls: queue.Queue[pb.RunRequest | str] = queue.Queue()
+        # What to send next: a request, or the path of a payload to send in chunks
+        # (None: nothing more).
+        self._controls: queue.Queue[pb.RunRequest | str | None] = queue.Queue()
         self._closed = threading.Event()
         self._call: grpc.Future | None = None
         self._credentials = credentials
@@ -135,7 +136,7 @@ class RemoteHost:
 
     def stop(self) -> None:
         """End the RPC (and with it, on the peer, the worker), parked or not."""
-        self._closed.set()
+        self._close_requests()
         with self._lock:
             call, lane = self._call, self._lane
         if lane is not None:
@@ -186,14 +187,16 @@ class RemoteHost:
                 emit = self._emit
             emit(event)
 
+    def _close_requests(self) -> None:
+        self._closed.set()
+        self._controls.put(None)         # wakes ``_requests``, which then ends
+
     def _requests(self) -> Iterator[pb.RunRequest]:
         for item in _call_requests(self._spec, self._payload, "spec"):
             yield from _sent(item)
-        while not self._closed.is_set():
-            try:
-                item = self._controls.get(timeout=0.2)
-            except queue.Empty:
-                continue
+        # (Waits without a timeout: a waking poll cost 5 wakeups a second per
+        # peer at the gateway for as long as a job ran.)
+        while (item := self._controls.get()) is not None and not self._closed.is_set():
             yield from _sent(item)
 
     def _relay(self) -> None:
@@ -224,7 +227,7 @@ class RemoteHost:
             self._send_exited(pb.HostReport(host=self.host, state=pb.HOST_STATE_LOST,
                                             finished_at=time.time(), detail=detail))
         finally:
-            self._closed.set()
+            self._close_requests()
             with self._lock:
                 self.parked = False          # its peer's worker is gone with the call
                 lane = self._lane
