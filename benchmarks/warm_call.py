@@ -8,6 +8,12 @@ actors on this machine (4), measured in the same run.
 Prints p50 and p90 of each over --calls calls, and the ratio of the p50s
 (issue 10: target <= 1.5x, goal <= 1.0x). Without Ray it prints ours alone and
 says how to get the baseline.
+
+The two are timed in turns (ten blocks of calls each, ours then Ray's, both
+set up and idle meanwhile): this machine's speed swings by up to 2x within a
+minute, and timed one after the other they met different spells (the ratio of
+back-to-back runs went from 1.43x to 1.97x with Ray's figure unchanged). Each
+idles while the other is timed, Ray's background processes included.
 """
 
 from __future__ import annotations
@@ -16,9 +22,13 @@ import argparse
 import importlib.util
 import statistics
 import time
+from collections.abc import Callable
 
 import remote_tpu
 from _quiet import wait_quiet
+
+
+BLOCKS = 10        # turns each, ours then Ray's
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -35,7 +45,9 @@ def time_calls(fn, calls: int) -> list[float]:
     return out
 
 
-def ours(calls: int, accelerator: str) -> tuple[list[float], float]:
+def ours(accelerator: str) -> tuple[Callable[[], None], Callable[[], None], float]:
+    """Our warm call (the slice started and its workers warm), what ends it,
+    and how long the first, cold call took."""
     @remote_tpu.run(accelerator=accelerator, hosts="local", keep_warm=600, stream="none")
     def trivial():
         return 1
@@ -45,13 +57,15 @@ def ours(calls: int, accelerator: str) -> tuple[list[float], float]:
     cold = time.perf_counter() - start
     for _ in range(5):
         trivial()                            # settle
-    wait_quiet()                             # the spares replaced since, not timed
-    samples = time_calls(trivial, calls)
-    trivial.release()
-    return samples, cold
+
+    def call() -> None:
+        assert trivial() == 1
+    return call, trivial.release, cold
 
 
-def ray_baseline(calls: int, actors: int) -> list[float] | None:
+def ray_baseline(actors: int) -> tuple[Callable[[], None], Callable[[], None]] | None:
+    """Ray's fan-out of the trivial call to ``actors`` actors, and what stops
+    Ray; None without Ray (or when it did not start)."""
     try:
         import ray
     except ImportError:
@@ -67,22 +81,20 @@ def ray_baseline(calls: int, actors: int) -> list[float] | None:
                 print(f"Ray did not start here ({type(exc).__name__}: {exc}): "
                       "no baseline in this run; run the benchmark again")
                 return None
-    try:
-        @ray.remote(num_cpus=1)
-        class Host:
-            def call(self):
-                return 1
 
-        hosts = [Host.remote() for _ in range(actors)]
-        ray.get([a.call.remote() for a in hosts])
+    @ray.remote(num_cpus=1)
+    class Host:
+        def call(self):
+            return 1
 
-        def fan_out():
-            assert ray.get([a.call.remote() for a in hosts]) == [1] * actors
-        for _ in range(5):
-            fan_out()
-        return time_calls(fan_out, calls)
-    finally:
-        ray.shutdown()
+    hosts = [Host.remote() for _ in range(actors)]
+    ray.get([a.call.remote() for a in hosts])
+
+    def fan_out() -> None:
+        assert ray.get([a.call.remote() for a in hosts]) == [1] * actors
+    for _ in range(5):
+        fan_out()
+    return fan_out, ray.shutdown
 
 
 def main() -> None:
@@ -91,21 +103,36 @@ def main() -> None:
     parser.add_argument("--accelerator", default="tpu-v4-32")
     args = parser.parse_args()
     hosts = remote_tpu.Topology.parse(args.accelerator).hosts
-    samples, cold = ours(args.calls, args.accelerator)
+    call, release, cold = ours(args.accelerator)
+    baseline = ray_baseline(hosts)
+    try:
+        wait_quiet()                         # the spares replaced, Ray up: not timed
+        samples: list[float] = []
+        ray_samples: list[float] = []
+        block = max(1, args.calls // BLOCKS)
+        while len(samples) < args.calls:      # in turns: both see the same spells
+            n = min(block, args.calls - len(samples))
+            samples += time_calls(call, n)
+            if baseline is not None:
+                ray_samples += time_calls(baseline[0], n)
+    finally:
+        release()
+        if baseline is not None:
+            baseline[1]()
     p50, p90 = percentiles(samples)
     print(f"remote_tpu warm call, {args.accelerator} ({hosts} hosts): p50 {p50 * 1e3:.1f} ms, "
           f"p90 {p90 * 1e3:.1f} ms over {args.calls} calls (first, cold call: {cold:.2f} s)")
-    baseline = ray_baseline(args.calls, hosts)
     if baseline is None:
         if importlib.util.find_spec("ray") is not None:
             return
         print("Ray is not installed: `.venv/bin/python -m pip install -e '.[bench]'` "
               "for the baseline")
         return
-    r50, r90 = percentiles(baseline)
+    r50, r90 = percentiles(ray_samples)
     print(f"Ray fan-out to {hosts} actor(s):                 p50 {r50 * 1e3:.1f} ms, "
           f"p90 {r90 * 1e3:.1f} ms over {args.calls} calls")
-    print(f"ratio of p50s: {p50 / r50:.2f}x (target <= 1.5x, goal <= 1.0x)")
+    print(f"ratio of p50s: {p50 / r50:.2f}x (target <= 1.5x, goal <= 1.0x); the two timed in "
+          f"turns, {block} calls at a time")
 
 
 if __name__ == "__main__":
