@@ -41,20 +41,18 @@ def _stream(fd: int, like: io.TextIOBase | None, lines: bool) -> io.TextIOWrappe
     return stream
 
 
-_c_fflush = None        # libc's fflush, looked up once (a lookup took 30 us a call)
+_c_fflush = None        # libc's fflush, looked up by ``buffer_output`` (30 us a lookup)
 
 
 def flush() -> None:
     """Python's buffers (ours, and whatever ``sys.stdout``/``sys.stderr`` now
     are), then C's."""
-    global _c_fflush
     _flush_python()
-    try:
-        if _c_fflush is None:
-            _c_fflush = ctypes.CDLL(None).fflush
-        _c_fflush(None)
-    except Exception:  # noqa: BLE001
-        pass
+    if _c_fflush is not None:
+        try:
+            _c_fflush(None)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _flush_python() -> None:
@@ -96,7 +94,7 @@ def buffer_output() -> None:
     _exit.__doc__ = real_exit.__doc__
     os._exit = _exit
     _start_flusher()
-    try:                # (looked up now: a spare's first call then need not)
+    try:                # (once, before any call: a spare's first call need not)
         _c_fflush = ctypes.CDLL(None).fflush
     except Exception:  # noqa: BLE001
         pass

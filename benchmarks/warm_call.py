@@ -87,13 +87,15 @@ def ray_baseline(actors: int) -> tuple[Callable[[], None], Callable[[], None]] |
         def call(self):
             return 1
 
-    hosts = [Host.remote() for _ in range(actors)]
-    ray.get([a.call.remote() for a in hosts])
-
     def fan_out() -> None:
         assert ray.get([a.call.remote() for a in hosts]) == [1] * actors
-    for _ in range(5):
-        fan_out()
+    try:
+        hosts = [Host.remote() for _ in range(actors)]
+        for _ in range(5):
+            fan_out()
+    except BaseException:
+        ray.shutdown()              # (not left running when its actors fail)
+        raise
     return fan_out, ray.shutdown
 
 
@@ -104,8 +106,9 @@ def main() -> None:
     args = parser.parse_args()
     hosts = remote_tpu.Topology.parse(args.accelerator).hosts
     call, release, cold = ours(args.accelerator)
-    baseline = ray_baseline(hosts)
+    baseline = None
     try:
+        baseline = ray_baseline(hosts)
         wait_quiet()                         # the spares replaced, Ray up: not timed
         samples: list[float] = []
         ray_samples: list[float] = []
