@@ -23,7 +23,6 @@ context that does what that needs of gRPC's (``LaneContext``).
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import select
@@ -108,6 +107,34 @@ class LaneContext:
                 callback()
             except Exception:  # noqa: BLE001 - every callback runs
                 log.exception("a lane call's callback failed")
+
+
+def serve_call(events: Iterator[pb.Event], context: LaneContext,
+               send: Callable[..., None]) -> bool:
+    """Send a call's events (``send(kind, body)``), then ``END``; or ``ERROR``:
+    what it was refused with, as gRPC would say it. False once the connection
+    broke (``send`` raised OSError)."""
+    try:
+        try:
+            for event in events:
+                send(EVENT, event.SerializeToString())
+            send(END)
+        except _Aborted as exc:
+            kind = dict(context.trailing).get(ERROR_KIND_KEY, "")
+            send(ERROR, data_wire.LaneError(exc.code, exc.details, kind).body())
+        except OSError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - said to the caller, as gRPC would
+            log.exception("a call on a lane failed")
+            send(ERROR, data_wire.LaneError(grpc.StatusCode.INTERNAL, str(exc)).body())
+    except OSError as exc:
+        log.info("a lane broke during a call: %s", exc)
+        return False
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:            # (its clean-up now, not when it is collected)
+            close()
+    return True
 
 
 def offering(spec: pb.JobSpec, events: Iterator[pb.Event], data_port,
@@ -223,20 +250,9 @@ class CallLane:
                     continue
                 self._current = context
             try:
-                for event in self._run(request, context):
-                    send_frame(sock, EVENT, event.SerializeToString())
-                send_frame(sock, END)
-            except _Aborted as exc:
-                kind = dict(context.trailing).get(ERROR_KIND_KEY, "")
-                if not _send_error(sock, exc.code, exc.details, kind):
-                    return
-            except OSError as exc:       # the caller went away: serve() sees it too
-                log.info("a caller's lane broke: %s", exc)
-                return
-            except Exception as exc:  # noqa: BLE001 - said to the caller, as gRPC would
-                log.exception("a call on a caller's lane failed")
-                if not _send_error(sock, grpc.StatusCode.INTERNAL, str(exc), ""):
-                    return
+                if not serve_call(self._run(request, context), context,
+                                  lambda kind, body=b"": send_frame(sock, kind, body)):
+                    return               # the caller went away: serve() sees it too
             finally:
                 with self._lock:
                     self._current = None
@@ -258,12 +274,3 @@ def _unanswered(sock: socket.socket) -> bool:
         return False
     _state, _ca_state, retransmits, probes = struct.unpack_from("4B", info)
     return retransmits > 0 or probes > 0
-
-
-def _send_error(sock: socket.socket, code: grpc.StatusCode, details: str, kind: str) -> bool:
-    try:
-        send_frame(sock, ERROR, json.dumps(
-            {"code": code.name, "details": details, "kind": kind}).encode())
-        return True
-    except OSError:
-        return False

@@ -1,6 +1,7 @@
 """The gateway's proxy for one process on a peer host: a ``Run`` call to that
 host's agent (which plays the peer role, ``_peer``), relayed as if it were a
-local worker. In a warm session the call stays open between calls and carries
+local worker; or the same call on the gateway's link to that agent
+(``_peer_link``), where it can go. In a warm session the call stays open between calls and carries
 each next one (``next_call``), or the session's lane does once the peer has
 offered one (``_lane``); ``stop`` ends it, and so the peer's worker."""
 
@@ -22,9 +23,12 @@ from remote_tpu._core.limits import CHUNK_SIZE, INLINE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.versions import differences
 
+from . import _peer_link
 from ._lane import CALL, CANCEL, SILENCE_SECONDS, GatewayLane
 
 log = logging.getLogger(__name__)
+
+_DIRECT_BYTES = 64 << 10
 
 
 class RemoteHost:
@@ -46,7 +50,7 @@ class RemoteHost:
         # (None: nothing more).
         self._controls: queue.Queue[pb.RunRequest | str | None] = queue.Queue()
         self._closed = threading.Event()
-        self._call: grpc.Future | None = None
+        self._call: grpc.Future | _peer_link.LinkCall | None = None
         self._credentials = credentials
         self._lock = threading.Lock()
         self._exited_sent = False
@@ -60,8 +64,12 @@ class RemoteHost:
         our credentials and speaks our protocol. Returns what is wrong (or "")
         and whether it is permanent (refused: asking again cannot help, unlike
         a peer that does not answer, as while its VM is preempted)."""
-        try:
-            reply = health(self.address, self._credentials, attempts=2)
+        link = _peer_link.link_to(self.address, self._credentials) if self._linkable() \
+            else _peer_link.existing(self.address)
+        reply = link.health(self._credentials.answer_within(5)) if link is not None else None
+        try:                          # (without a link, or it did not answer: on gRPC)
+            if reply is None:
+                reply = health(self.address, self._credentials, attempts=2)
         except (AuthenticationError, VersionMismatchError) as exc:
             return f"agent at {self.address} cannot take the job: {exc}", True
         except Exception as exc:  # noqa: BLE001 - every failure is reported
@@ -76,7 +84,37 @@ class RemoteHost:
         return "", False
 
     def start(self) -> None:
+        # On an open link a small call starts here, no thread of its own; a
+        # larger one may wait for room in the socket, so not in the job's thread.
+        if self._linkable() and len(self._payload) <= _DIRECT_BYTES and \
+                (link := _peer_link.existing(self.address)) is not None and self._start_on(link):
+            return
         threading.Thread(target=self._relay, daemon=True, name=f"peer{self.host}").start()
+
+    def _linkable(self) -> bool:
+        """Whether the call may go on a link: a cold call with its payload inline."""
+        return self._spec.keep_warm_seconds == 0 and isinstance(self._payload, bytes) \
+            and len(self._payload) <= INLINE_BYTES
+
+    def _start_on(self, link: _peer_link.GatewayLink) -> bool:
+        """Start the call on ``link``; False when it cannot take it (the call
+        then goes on gRPC, or ends, as ``_relay`` decides)."""
+        with self._lock:
+            if self._closed.is_set():
+                return False
+            first = next(_call_requests(self._spec, self._payload, "spec"))
+            call = link.call(first, self._on_event, self._ended)
+            if call is None:
+                return False
+            self._call = call
+            while True:                  # what was asked before it started
+                try:
+                    item = self._controls.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, pb.RunRequest):
+                    call.send(item)
+        return True
 
     def stacks(self) -> str:
         try:
@@ -89,13 +127,22 @@ class RemoteHost:
 
     def release(self) -> None:
         if not self.parked:
-            self._controls.put(pb.RunRequest(control=pb.CONTROL_RELEASE))
+            self._control(pb.RunRequest(control=pb.CONTROL_RELEASE))
 
     def cancel(self) -> None:
         lane = self._lane
         if lane is not None:          # the quicker way; gRPC too, should the lane be dead
             lane.send(CANCEL)
-        self._controls.put(pb.RunRequest(control=pb.CONTROL_CANCEL))
+        self._control(pb.RunRequest(control=pb.CONTROL_CANCEL))
+
+    def _control(self, request: pb.RunRequest) -> None:
+        """Send a control on the call: on its link, or queued for gRPC."""
+        with self._lock:
+            call = self._call
+            if not isinstance(call, _peer_link.LinkCall):
+                self._controls.put(request)
+                return
+        call.send(request)
 
     def next_call(self, spec: pb.JobSpec, payload: bytes | str,
                   emit: Callable[[pb.Event], None]) -> bool:
@@ -200,6 +247,9 @@ class RemoteHost:
             yield from _sent(item)
 
     def _relay(self) -> None:
+        if self._linkable() and (link := _peer_link.link_to(self.address, self._credentials)) \
+                is not None and self._start_on(link):
+            return
         try:
             with self._lock:          # close() cancels the call once it exists
                 started = not self._closed.is_set()
@@ -210,14 +260,28 @@ class RemoteHost:
                 self._send_exited(pb.HostReport(
                     host=self.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
                     detail="the job ended before this host was started"))
-                return
-            for event in self._call:
-                if event.HasField("lane"):
-                    if data_wire.worth_trying(self.address, self._credentials):
-                        self._open_lane(event.lane)        # (the lane has no TLS)
-                else:
-                    self._relay_event(event)
+            else:
+                for event in self._call:
+                    self._on_event(event)
         except grpc.RpcError as exc:
+            self._ended(exc)
+            return
+        except BaseException:
+            self._ended(None)
+            raise
+        self._ended(None)
+
+    def _on_event(self, event: pb.Event) -> None:
+        if event.HasField("lane"):
+            if data_wire.worth_trying(self.address, self._credentials):
+                self._open_lane(event.lane)        # (the lane has no TLS)
+        else:
+            self._relay_event(event)
+
+    def _ended(self, exc: grpc.RpcError | None) -> None:
+        """The call is over: how (``exc``, if it failed) is this host's report,
+        unless the peer sent its own."""
+        if exc is not None:
             forget_if_unavailable(exc, self.address, self._credentials)
             if not self._closed.is_set():
                 log.warning("peer %d at %s: %s", self.host, self.address, exc.details())
@@ -226,11 +290,10 @@ class RemoteHost:
                 detail = f"agent at {self.address}: {error_from_rpc(exc, self.address)}"
             self._send_exited(pb.HostReport(host=self.host, state=pb.HOST_STATE_LOST,
                                             finished_at=time.time(), detail=detail))
-        finally:
-            self._close_requests()
-            with self._lock:
-                self.parked = False          # its peer's worker is gone with the call
-                lane = self._lane
+        self._close_requests()
+        with self._lock:
+            self.parked = False          # its peer's worker is gone with the call
+            lane = self._lane
         if lane is not None:         # the peer's last events may still be on the lane
             lane.reader.join(timeout=2)
             lane.close()

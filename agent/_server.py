@@ -41,6 +41,7 @@ from ._host import Host
 from ._job_views import JobViews, result, status_of, watch
 from ._outputs import output_env, own_files, slice_files
 from ._peer import PeerRole
+from ._peer_link import offer_link
 from ._blobs import BlobCache, check_ref
 from . import _call_lane as call_lane
 from ._data_port import DataPort
@@ -165,11 +166,25 @@ class AgentService(pb_grpc.AgentServicer):
             context: grpc.ServicerContext) -> Iterator[pb.Event]:
         spec = self._spec(request_iterator, context, None)
         if spec.role == pb.ROLE_PEER:
-            yield from self._in_slot(self.peer_streams, context,
-                                     self.peer.run(spec, request_iterator, context))
+            yield from self._peer_call(request_iterator, context, spec)
         else:
             yield from self._in_slot(self.streams, context,
                                      self.gateway.run_attached(spec, request_iterator, context))
+
+    def _peer_call(self, requests: Iterator[pb.RunRequest], context,
+                   spec: pb.JobSpec | None = None) -> Iterator[pb.Event]:
+        """This host's part of a gateway's job: from ``Run`` (its spec read), or a link."""
+        if spec is None:
+            spec = self._spec(requests, context, None)
+            if spec.role != pb.ROLE_PEER:
+                abort(context, Refused(grpc.StatusCode.INVALID_ARGUMENT, "protocol",
+                                       "a gateway's link carries its peers' calls only"))
+        yield from self._in_slot(self.peer_streams, context,
+                                 self.peer.run(spec, requests, context))
+
+    def OpenLink(self, request: pb.LinkRequest, context: grpc.ServicerContext
+                 ) -> pb.DataTicket:
+        return offer_link(self.data_port, self._peer_call, self.queries.health)
 
     def RunInline(self, request: pb.RunRequest, context: grpc.ServicerContext
                   ) -> Iterator[pb.Event]:

@@ -14,7 +14,6 @@ it goes on gRPC. A forked child has no lanes (its parent's stay the parent's).
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
@@ -48,22 +47,7 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-class LaneError(grpc.RpcError):
-    """What the gateway refused a call on a lane with, as a gRPC error says it."""
-
-    def __init__(self, code: grpc.StatusCode, details: str, kind: str) -> None:
-        super().__init__(details)
-        self._code, self._details, self._kind = code, details, kind
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return self._details
-
-    def trailing_metadata(self):
-        from ._core.channels import ERROR_KIND_KEY
-        return ((ERROR_KIND_KEY, self._kind),) if self._kind else ()
+LaneError = data_wire.LaneError
 
 
 def opened(gateway: str, credentials, ticket: pb.DataTicket) -> None:
@@ -157,10 +141,7 @@ class LaneStream:
             return None
         if kind == ERROR:
             self._over = True
-            said = json.loads(body)
-            raise LaneError(getattr(grpc.StatusCode, said.get("code", ""),
-                                    grpc.StatusCode.UNKNOWN),
-                            said.get("details", ""), said.get("kind", ""))
+            raise LaneError.from_body(body)
         raise ConnectionError(f"unknown lane frame kind {kind}")
 
     def __iter__(self) -> Iterator[pb.Event]:

@@ -23,6 +23,7 @@ for the rest of its process.
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from .addresses import host_of
+from .channels import ERROR_KIND_KEY
 from .limits import CHUNK_SIZE, MAX_MESSAGE_BYTES
 from .proto import remote_tpu_pb2 as pb
 
@@ -173,6 +175,35 @@ CALL_LANE_CANCEL = 2   # caller -> gateway: cancel the running call
 CALL_LANE_EVENT = 3    # gateway -> caller: an Event of the call
 CALL_LANE_END = 4      # gateway -> caller: the call's events are over
 CALL_LANE_ERROR = 5    # gateway -> caller: the call was refused (JSON: code, details, kind)
+
+
+class LaneError(grpc.RpcError):
+    """What a call on a lane was refused with (``CALL_LANE_ERROR``), or how the
+    lane failed it, said as a gRPC error says it."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, kind: str = "") -> None:
+        super().__init__(details)
+        self._code, self._details, self._kind = code, details, kind
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self):
+        return ((ERROR_KIND_KEY, self._kind),) if self._kind else ()
+
+    def body(self) -> bytes:
+        """As a ``CALL_LANE_ERROR`` frame's body."""
+        return json.dumps({"code": self._code.name, "details": self._details,
+                           "kind": self._kind}).encode()
+
+    @classmethod
+    def from_body(cls, body: bytes) -> LaneError:
+        said = json.loads(body)
+        return cls(getattr(grpc.StatusCode, said.get("code", ""), grpc.StatusCode.UNKNOWN),
+                   said.get("details", ""), said.get("kind", ""))
 
 
 def keep_alive(sock: socket.socket, seconds: float, bound_unacked: bool = True) -> None:

@@ -102,6 +102,10 @@ JOB_STATE_TIMED_OUT: JobState
 JOB_STATE_LOST: JobState
 JOB_STATE_PREEMPTED: JobState
 
+class LinkRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class BlobRef(_message.Message):
     __slots__ = ("digest", "size")
     DIGEST_FIELD_NUMBER: _ClassVar[int]

@@ -116,6 +116,11 @@ class AgentStub:
                 request_serializer=remote__tpu__pb2.OutputsRequest.SerializeToString,
                 response_deserializer=remote__tpu__pb2.OutputChunk.FromString,
                 _registered_method=True)
+        self.OpenLink = channel.unary_unary(
+                '/remote_tpu.v1.Agent/OpenLink',
+                request_serializer=remote__tpu__pb2.LinkRequest.SerializeToString,
+                response_deserializer=remote__tpu__pb2.DataTicket.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -246,6 +251,15 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenLink(self, request, context):
+        """A gateway's link to this agent (agent/_peer_link.py): one plain TCP
+        connection to the data port that carries the gateway's peer calls (what
+        Run would), opened with the ticket (port 0: none here, use Run).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -328,6 +342,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.OutputFiles,
                     request_deserializer=remote__tpu__pb2.OutputsRequest.FromString,
                     response_serializer=remote__tpu__pb2.OutputChunk.SerializeToString,
+            ),
+            'OpenLink': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenLink,
+                    request_deserializer=remote__tpu__pb2.LinkRequest.FromString,
+                    response_serializer=remote__tpu__pb2.DataTicket.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -764,6 +783,33 @@ class Agent:
             '/remote_tpu.v1.Agent/OutputFiles',
             remote__tpu__pb2.OutputsRequest.SerializeToString,
             remote__tpu__pb2.OutputChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenLink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/remote_tpu.v1.Agent/OpenLink',
+            remote__tpu__pb2.LinkRequest.SerializeToString,
+            remote__tpu__pb2.DataTicket.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,336 @@
+"""A gateway's link to a peer (agent/_peer_link.py): the peers' parts of cold
+calls on one plain TCP connection per peer, opened with a ticket of the peer's
+data port. Both ends on a real data port first; then real agents."""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import grpc
+import psutil
+import pytest
+
+import remote_tpu
+from remote_tpu._core import data_wire
+from remote_tpu._core.data_wire import send_frame
+from remote_tpu._core.limits import INLINE_BYTES, MAX_MESSAGE_BYTES
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu_agent import _peer_link
+from remote_tpu_agent._data_port import DataPort
+from remote_tpu_agent._peer_link import CALL, GatewayLink, PeerLink, offer_link
+
+from conftest import Agents, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class _Peer:
+    """A peer's end on a real data port whose calls echo what they are sent:
+    each request's spec or control comes back as an output event, until the
+    gateway ends the call (or a request asks for an end, a refusal, a crash)."""
+
+    def __init__(self) -> None:
+        self.port = DataPort("127.0.0.1")
+        self.ended: queue.Queue = queue.Queue()       # job ids whose context ended
+
+    def run(self, requests, context):
+        first = next(requests)
+        job = first.spec.job_id
+        context.add_callback(lambda: self.ended.put(job))
+        if job == "refuse":
+            context.set_trailing_metadata((("remote-tpu-error", "busy"),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "host busy")
+        if job == "crash":
+            raise RuntimeError("a bug on the peer")
+        yield pb.Event(host=1, output=pb.Output(data=first.spec.payload))
+        for request in requests:
+            if request.control == pb.CONTROL_RELEASE:
+                yield pb.Event(host=1, exited=pb.HostReport(host=1, detail=job))
+                return
+            yield pb.Event(host=1, output=pb.Output(data=f"control {request.control}".encode()))
+
+    def link(self, silence: float = 10.0) -> GatewayLink:
+        ticket = offer_link(self.port, self.run, lambda: pb.HealthReply(tpu_busy="busy?"))
+        sock = data_wire.connect(f"127.0.0.1:{self.port.port}", ticket.port, ticket.nonce)
+        sock.sendall(ticket.ticket)
+        return GatewayLink(f"127.0.0.1:{self.port.port}", sock, silence)
+
+
+class _Call:
+    def __init__(self, link: GatewayLink, job: str, payload: bytes = b"") -> None:
+        self.events: queue.Queue = queue.Queue()
+        self.ends: queue.Queue = queue.Queue()
+        request = pb.RunRequest(spec=pb.JobSpec(job_id=job, payload=payload))
+        self.call = link.call(request, self.events.put, self.ends.put)
+
+    def data(self) -> bytes:
+        return self.events.get(timeout=5).output.data
+
+
+@pytest.fixture
+def peer():
+    p = _Peer()
+    yield p
+    p.port.close()
+
+
+def test_calls_on_one_link_each_get_their_own_events_and_end(peer):
+    link = peer.link()
+    a, b = _Call(link, "a", b"\x00" * INLINE_BYTES), _Call(link, "b", b"")
+    assert a.data() == b"\x00" * INLINE_BYTES and b.data() == b""    # a whole MiB; 0 bytes
+    assert b.call.send(pb.RunRequest(control=pb.CONTROL_CANCEL))
+    assert b.data() == b"control 2" and a.events.empty()
+    for call, job in ((a, "a"), (b, "b")):
+        assert call.call.send(pb.RunRequest(control=pb.CONTROL_RELEASE))
+        assert call.events.get(timeout=5).exited.detail == job
+        assert call.ends.get(timeout=5) is None                     # ended by the peer
+    assert {peer.ended.get(timeout=5), peer.ended.get(timeout=5)} == {"a", "b"}
+    assert not link.closed                                           # and stays open
+    c = _Call(link, "c", b"x")
+    assert c.data() == b"x"
+    link.close()
+
+
+def test_health_is_answered_on_the_link_between_and_beside_calls(peer):
+    link = peer.link()
+    assert link.health(5).tpu_busy == "busy?"
+    call = _Call(link, "a", b"x")
+    assert call.data() == b"x"
+    assert [link.health(5).tpu_busy for _ in range(3)] == ["busy?"] * 3
+    link.close()
+    assert link.health(5) is None                          # closed: ask on gRPC
+
+
+def test_health_unanswered_in_time_is_none(peer):
+    ticket = offer_link(peer.port, peer.run, lambda: time.sleep(2) or pb.HealthReply())
+    sock = data_wire.connect(f"127.0.0.1:{peer.port.port}", ticket.port, ticket.nonce)
+    sock.sendall(ticket.ticket)
+    link = GatewayLink("slow", sock, 10.0)
+    start = time.monotonic()
+    assert link.health(0.3) is None and time.monotonic() - start < 1.5
+    link.close()
+
+
+def test_cancelling_a_call_ends_it_on_the_peer_at_once_and_says_so_here(peer):
+    link = peer.link()
+    call = _Call(link, "a")
+    assert call.data() == b""
+    call.call.cancel()
+    error = call.ends.get(timeout=5)
+    assert error.code() == grpc.StatusCode.CANCELLED
+    assert peer.ended.get(timeout=5) == "a"                 # its worker is stopped there
+    assert not call.call.send(pb.RunRequest(control=pb.CONTROL_RELEASE))
+    call.call.cancel()                                       # twice: nothing more
+    assert call.ends.empty()
+    other = _Call(link, "b")                                 # the link goes on
+    assert other.data() == b""
+    link.close()
+
+
+def test_a_refused_call_ends_with_the_peers_words_and_a_crash_as_internal(peer):
+    link = peer.link()
+    refused, crashed = _Call(link, "refuse"), _Call(link, "crash")
+    error = refused.ends.get(timeout=5)
+    assert (error.code(), error.details()) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "host busy")
+    assert dict(error.trailing_metadata()) == {"remote-tpu-error": "busy"}
+    error = crashed.ends.get(timeout=5)
+    assert error.code() == grpc.StatusCode.INTERNAL and "a bug on the peer" in error.details()
+    assert _Call(link, "after").data() == b""
+    link.close()
+
+
+def test_the_gateway_going_away_ends_every_call_on_the_peer(peer):
+    link = peer.link()
+    calls = [_Call(link, job) for job in ("a", "b", "c")]
+    for call in calls:
+        assert call.data() == b""
+    link.close()
+    assert {peer.ended.get(timeout=5) for _ in calls} == {"a", "b", "c"}
+    assert link.call(pb.RunRequest(), print, print) is None      # a closed link takes none
+
+
+@pytest.mark.parametrize("frame", [
+    (MAX_MESSAGE_BYTES + 2).to_bytes(4, "big"),          # one past the largest frame
+    (1).to_bytes(4, "big") + bytes((_peer_link.EVENT,)),   # no call id
+    (5).to_bytes(4, "big") + bytes((CALL,)) + (1).to_bytes(4, "big"),   # a kind never sent
+])
+def test_a_broken_link_fails_every_call_on_it_naming_why(peer, frame):
+    link = peer.link()
+    calls = [_Call(link, job) for job in ("a", "b")]
+    for call in calls:
+        assert call.data() == b""
+    _peer_side_send(link, frame)
+    for call in calls:
+        error = call.ends.get(timeout=5)
+        assert error.code() == grpc.StatusCode.UNAVAILABLE and "during the call" in \
+            error.details(), error.details()
+    assert link.closed
+
+
+def _peer_side_send(link: GatewayLink, frame: bytes) -> None:
+    """Write raw bytes to the gateway's end, as a broken peer would, on the
+    peer's socket of that connection."""
+    ours = link._sock.getsockname()
+    for conn in _PEER_SOCKETS:
+        if conn.getpeername() == ours:
+            conn.sendall(frame)
+            return
+    raise AssertionError("the peer's end of the link was not found")
+
+
+_PEER_SOCKETS: list = []
+
+
+@pytest.fixture(autouse=True)
+def _remember_peer_sockets(monkeypatch):
+    serve = PeerLink.serve
+
+    def remembering(self, sock):
+        _PEER_SOCKETS.append(sock)
+        return serve(self, sock)
+    monkeypatch.setattr(PeerLink, "serve", remembering)
+    yield
+    _PEER_SOCKETS.clear()
+
+
+def test_a_frame_the_peer_cannot_take_ends_the_link_and_its_calls(peer):
+    link = peer.link()
+    call = _Call(link, "a")
+    assert call.data() == b""
+    send_frame(link._sock, _peer_link.REQUEST, b"\x00")          # no call id
+    assert call.ends.get(timeout=5).code() == grpc.StatusCode.UNAVAILABLE
+    assert peer.ended.get(timeout=5) == "a"
+
+
+def test_no_data_port_no_link():
+    assert offer_link(None, lambda requests, context: iter(()), pb.HealthReply).port == 0
+
+
+# ---------------------------------------------------------------- real agents
+
+
+def _links(agents, peer: int) -> int:
+    """Connections the gateway holds to a peer's data port."""
+    gateway = psutil.Process(agents.procs[0].pid)
+    return sum(1 for c in gateway.net_connections("tcp")
+               if c.status == psutil.CONN_ESTABLISHED and c.raddr and
+               c.raddr.port == agents.data_ports[peer])
+
+
+@pytest.fixture(scope="module")
+def agents():
+    a = Agents(2)
+    yield a
+    a.stop()
+
+
+def _on(agents, **kw):
+    kw.setdefault("stream", "none")
+    return remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0],
+                          token=agents.token, init_jax=False, **kw)
+
+
+def _where(text: str = ""):
+    import os
+    import sys
+
+    print(f"{text} from {os.environ['REMOTE_TPU_PROCESS_INDEX']}", flush=True)
+    print(f"err {text}", file=sys.stderr, flush=True)
+    return int(os.environ["REMOTE_TPU_PROCESS_INDEX"]), os.getpid()
+
+
+@pytest.mark.slow
+def test_cold_calls_go_on_one_link_per_peer_with_their_output(agents, capfd):
+    fn = _on(agents, stream="all")(_where)
+    for i in range(3):
+        assert fn(f"call{i}")[0] == 0
+        out = capfd.readouterr()
+        assert f"call{i} from 1" in out.out and f"err call{i}" in out.err
+    assert _links(agents, 1) == 1                           # one link, kept, for all three
+    two = _on(agents, processes_per_host=2)(lambda: 1)
+    assert two() == 1
+    assert _links(agents, 1) == 1                           # both processes on it
+
+
+@pytest.mark.slow
+def test_a_failure_on_the_peer_names_it_whatever_the_payloads_size(agents):
+    @_on(agents)
+    def fail(big: bytes):
+        import os
+        if os.environ["REMOTE_TPU_PROCESS_INDEX"] == "1":
+            raise ValueError(f"peer says no to {len(big)} bytes")
+        return len(big)
+
+    for big in (b"", b"y" * (200 << 10), b"z" * (INLINE_BYTES + 1)):   # (the middle one is
+        # sent from a thread of its own, on the link; the last one on gRPC)
+        with pytest.raises(ValueError, match=f"peer says no to {len(big)} bytes") as info:
+            fail(big)
+        assert "host 1" in str(info.value) + "\n".join(getattr(info.value, "__notes__", []))
+
+
+@pytest.mark.slow
+def test_a_link_cut_during_a_call_fails_it_naming_the_peer_and_the_next_call_works(agents):
+    if shutil.which("ss") is None:
+        pytest.skip("no ss here (iproute2) to cut a TCP connection")
+
+    @_on(agents)
+    def nap(seconds: float):
+        import time
+
+        time.sleep(seconds)
+        return 1
+
+    assert nap(0) == 1
+    assert _links(agents, 1) == 1
+
+    def cut():
+        subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=",
+                        str(agents.data_ports[1])], capture_output=True)
+    cutter = threading.Timer(1.0, cut)
+    cutter.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(remote_tpu.JobFailedError) as info:
+            nap(30)
+    finally:
+        cutter.join()
+    if _links(agents, 1) and time.monotonic() - start > 25:
+        pytest.skip("cannot cut a TCP connection here (ss -K)")
+    text = str(info.value)
+    assert "host 1" in text and "link" in text, text
+    assert time.monotonic() - start < 15                    # fail-fast, not the sleep
+    assert nap(0) == 1                                      # on a new link
+    assert _links(agents, 1) == 1
+    assert wait_until(lambda: not [p for p in psutil.Process(agents.procs[1].pid).children()
+                                   if p.name() == "rtpu-worker" and p.status() != "zombie"
+                                   and "nap" in " ".join(p.cmdline())], timeout=5)
+
+
+@pytest.mark.slow
+def test_a_peer_agent_that_restarts_gets_a_new_link():
+    agents = Agents(2)
+    try:
+        fn = _on(agents)(lambda: 7)
+        assert fn() == 7 and _links(agents, 1) == 1
+        agents.procs[1].send_signal(signal.SIGKILL)
+        agents.restart(1)
+        assert wait_until(lambda: _links(agents, 1) == 0, timeout=10)   # its end closed
+        assert fn() == 7
+        assert _links(agents, 1) == 1
+    finally:
+        agents.stop()
+
+
+@pytest.mark.slow
+def test_a_peer_without_a_data_port_takes_its_calls_on_gRPC():
+    agents = Agents(2, extra=["--data-port", "-1"])
+    try:
+        assert _on(agents)(_where)()[0] == 0
+        assert _on(agents)(_where)()[0] == 0
+    finally:
+        agents.stop()
