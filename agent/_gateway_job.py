@@ -31,7 +31,7 @@ from ._blobs import BlobCache
 from ._call import Call
 from ._events import EventQueue
 from ._warm import ParkedWakes, WarmSession, new_session_id, session_record
-from ._remote_host import RemoteHost
+from ._remote_host import RemoteHost, preflight_all
 from ._root_cause import root_cause
 from ._runner import WorkerRun
 from ._spares import Spares
@@ -181,8 +181,7 @@ class GatewayJob:
             return []
         # One check per peer agent, whatever its processes; none of a silent one.
         first = {r.address: r for r in self.remotes if r.address not in self._silent}
-        with concurrent.futures.ThreadPoolExecutor(max(1, len(first))) as pool:
-            by_agent = dict(zip(first, pool.map(lambda r: r.preflight(), first.values())))
+        by_agent = dict(zip(first, preflight_all(list(first.values()))))
         self.permanent = any(permanent for _, permanent in by_agent.values())
         problems = [by_agent.get(remote.address, ("", False))[0] or
                     self._blob_problems.get(remote.address, "") for remote in self.remotes]

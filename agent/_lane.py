@@ -48,7 +48,7 @@ EVENT = 3         # peer -> gateway: an Event of the call
 SILENCE_SECONDS = 10.0
 
 
-def _shut(sock: socket.socket) -> None:
+def shut(sock: socket.socket) -> None:
     try:
         sock.shutdown(socket.SHUT_RDWR)        # wakes a thread blocked in recv or send
     except OSError:
@@ -103,14 +103,14 @@ class PeerLane:
         self._closed = True
         sock = self._sock
         if sock is not None:
-            _shut(sock)
+            shut(sock)
 
     def _serve(self, sock: socket.socket) -> bytes:
         sock.settimeout(None)           # idle between calls for as long as the session
         data_wire.keep_alive(sock, SILENCE_SECONDS)
         self._sock = sock
         if self._closed:                # (close() saw no socket yet)
-            _shut(sock)
+            shut(sock)
             return b""
         try:
             while (frame := read_frame(sock)) is not None:
@@ -176,7 +176,7 @@ class GatewayLane:
     def close(self) -> None:
         """End the lane (never waits: a send blocked on a full socket fails)."""
         self._ours = self._closed = True
-        _shut(self._sock)
+        shut(self._sock)
 
     def _read(self) -> None:
         why = ""
@@ -191,7 +191,7 @@ class GatewayLane:
             why = f"the lane broke: {exc}"
         finally:
             self._closed = True
-            _shut(self._sock)              # a send blocked on it fails at once
+            shut(self._sock)              # a send blocked on it fails at once
             with self._lock:               # (and none is under way as it closes)
                 try:
                     self._sock.close()

@@ -6,6 +6,8 @@ A cold call's ``Run`` to a peer cost the gateway 3-5 ms of CPU per peer
 handled in Python), 0.2-0.3 s for a 64-host call, and about as much again
 spread over the peers. A frame on a socket costs tens of microseconds.
 
+The gateway's end is here; the peer's is ``_peer_link_serve``.
+
 How it opens: the gateway asks the peer for a ticket of its data port
 (``OpenLink``, where the token was checked) and connects with it; the link then
 stays open for as long as both agents live, and carries every later cold call
@@ -35,11 +37,10 @@ from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
 
@@ -48,7 +49,7 @@ from remote_tpu._core.channels import Credentials, stub
 from remote_tpu._core.data_wire import LaneError, read_frame, send_frame
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
-from ._call_lane import LaneContext, serve_call
+from ._lane import shut
 
 log = logging.getLogger(__name__)
 
@@ -62,20 +63,13 @@ HEALTH_REPLY = 8      # peer -> gateway: its HealthReply, as ``Health`` would
 SILENCE_SECONDS = 10.0
 RETRY_SECONDS = 60.0          # a peer whose link could not be opened: gRPC until then
 
-_ID = 4                       # bytes of a call's id, at the start of each frame's body
+ID_BYTES = 4                 # bytes of a call's id, at the start of each frame's body
 
 
-def _split(body: bytes) -> tuple[int, bytes]:
-    if len(body) < _ID:
+def split_id(body: bytes) -> tuple[int, bytes]:
+    if len(body) < ID_BYTES:
         raise ConnectionError(f"a link frame of {len(body)} bytes carries no call id")
-    return int.from_bytes(body[:_ID], "big"), body[_ID:]
-
-
-def _shut(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)        # wakes a thread blocked in recv or send
-    except OSError:
-        pass
+    return int.from_bytes(body[:ID_BYTES], "big"), body[ID_BYTES:]
 
 
 # ---------------------------------------------------------------- the gateway's end
@@ -114,6 +108,14 @@ class LinkCall:
         return True
 
 
+class _Answer:
+    __slots__ = ("body", "came")
+
+    def __init__(self) -> None:
+        self.body: bytes | None = None
+        self.came = threading.Event()
+
+
 class GatewayLink:
     """The gateway's end of one peer's link."""
 
@@ -123,7 +125,7 @@ class GatewayLink:
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._calls: dict[int, LinkCall] = {}
-        self._asked: dict[int, queue.Queue[bytes | None]] = {}     # health, by call id
+        self._asked: dict[int, _Answer] = {}     # health checks, by call id
         self._ids = itertools.count(1)
         self.closed = False
         sock.settimeout(None)
@@ -144,37 +146,51 @@ class GatewayLink:
         self.forget(call.id)
         return None
 
-    def health(self, timeout: float) -> pb.HealthReply | None:
-        """The peer's ``Health``, asked on the link; None when it did not answer
-        within ``timeout`` or the link broke (ask it on gRPC)."""
-        answer: queue.Queue[bytes | None] = queue.Queue(1)
+    def ask_health(self) -> Callable[[float], pb.HealthReply | None] | None:
+        """Ask the peer's ``Health`` on the link (None: it is closed); returns
+        a function that waits at most its argument's seconds for the answer,
+        None when none came or the link broke (ask it on gRPC)."""
+        answer = _Answer()
         with self._lock:
             if self.closed:
                 return None
             call_id = next(self._ids) & 0xFFFFFFFF
             self._asked[call_id] = answer
-        try:
-            if not self.send(HEALTH, call_id):
-                return None
-            body = answer.get(timeout=timeout)
-            return None if body is None else pb.HealthReply.FromString(body)
-        except (queue.Empty, ValueError):
+        if not self.send(HEALTH, call_id):
+            self._unask(call_id)
             return None
-        finally:
-            with self._lock:
-                self._asked.pop(call_id, None)
+
+        def wait(timeout: float) -> pb.HealthReply | None:
+            try:
+                if not answer.came.wait(timeout) or answer.body is None:
+                    return None
+                return pb.HealthReply.FromString(answer.body)
+            except ValueError:          # (a DecodeError)
+                return None
+            finally:
+                self._unask(call_id)
+        return wait
+
+    def health(self, timeout: float) -> pb.HealthReply | None:
+        """``ask_health``, and its answer."""
+        wait = self.ask_health()
+        return wait(timeout) if wait is not None else None
+
+    def _unask(self, call_id: int) -> None:
+        with self._lock:
+            self._asked.pop(call_id, None)
 
     def send(self, kind: int, call_id: int, body: bytes = b"") -> bool:
         if self.closed:
             return False
         try:
             with self._send_lock:
-                send_frame(self._sock, kind, call_id.to_bytes(_ID, "big") + body)
+                send_frame(self._sock, kind, call_id.to_bytes(ID_BYTES, "big") + body)
             return True
         except OSError as exc:
             if not self.closed:
                 log.info("the link to %s broke on send: %s", self.address, exc)
-            _shut(self._sock)                 # the reader ends the calls on it
+            shut(self._sock)                 # the reader ends the calls on it
             return False
 
     def forget(self, call_id: int) -> None:
@@ -183,13 +199,13 @@ class GatewayLink:
 
     def close(self) -> None:
         self.closed = True
-        _shut(self._sock)
+        shut(self._sock)
 
     def _read(self) -> None:
         why = "the link closed"
         try:
             while (frame := read_frame(self._sock)) is not None:
-                kind, (call_id, body) = frame[0], _split(frame[1])
+                kind, (call_id, body) = frame[0], split_id(frame[1])
                 if kind not in (EVENT, END, ERROR, HEALTH_REPLY):
                     raise ConnectionError(f"unknown link frame kind {kind}")
                 with self._lock:
@@ -197,7 +213,8 @@ class GatewayLink:
                     asked = self._asked.get(call_id)
                 if kind == HEALTH_REPLY:
                     if asked is not None:
-                        asked.put(body)
+                        asked.body = body
+                        asked.came.set()
                     continue
                 if call is None:
                     continue              # a call that ended here: what it still sent
@@ -212,13 +229,13 @@ class GatewayLink:
         finally:
             self.closed = True
             _forget(self)
-            _shut(self._sock)
+            shut(self._sock)
             with self._send_lock:
                 self._sock.close()
             with self._lock:
                 calls, self._calls = list(self._calls.values()), {}
                 for asked in self._asked.values():
-                    asked.put(None)
+                    asked.came.set()          # (no body: none came)
             for call in calls:
                 call.finish(LaneError(grpc.StatusCode.UNAVAILABLE, f"{why} during the call"))
 
@@ -282,102 +299,3 @@ def _forget(link: GatewayLink) -> None:
     with _lock:
         if _links.get(link.address) is link:
             del _links[link.address]
-
-
-# ---------------------------------------------------------------- the peer's end
-
-PeerCall = Callable[[Iterator[pb.RunRequest], LaneContext], Iterator[pb.Event]]
-
-
-class _Served:
-    def __init__(self) -> None:
-        self.requests: queue.Queue[pb.RunRequest | None] = queue.Queue()
-        self.context = LaneContext()
-
-    def end(self) -> None:
-        """The call is over here, or its gateway ended it, or went away."""
-        self.requests.put(None)
-        self.context.end()
-
-
-def offer_link(data_port, run: PeerCall, health: Callable[[], pb.HealthReply]
-               ) -> pb.DataTicket:
-    """``OpenLink``: a ticket for a gateway's link on this agent's data port,
-    whose calls ``run`` serves and whose health checks ``health`` answers
-    (port 0: none, the gateway uses ``Run``)."""
-    link = PeerLink(run, health)
-    if data_port is None or (ticket := data_port.issue(link.serve, lane=True)) is None:
-        return pb.DataTicket()
-    return pb.DataTicket(port=data_port.port, nonce=data_port.nonce, ticket=ticket)
-
-
-class PeerLink:
-    """The peer's end: serves one gateway's link on its data port connection's
-    thread; each call on a thread of its own, as ``Run`` would be served."""
-
-    def __init__(self, run: PeerCall, health: Callable[[], pb.HealthReply]) -> None:
-        self._run = run
-        self._health = health
-        self._sock: socket.socket | None = None
-        self._send_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._calls: dict[int, _Served] = {}
-
-    def serve(self, sock: socket.socket) -> bytes:
-        sock.settimeout(None)
-        data_wire.keep_alive(sock, SILENCE_SECONDS)
-        self._sock = sock
-        try:
-            while (frame := read_frame(sock)) is not None:
-                kind, (call_id, body) = frame[0], _split(frame[1])
-                if kind == CALL:
-                    self._start(call_id, pb.RunRequest.FromString(body))
-                    continue
-                if kind == HEALTH:
-                    with self._send_lock:
-                        send_frame(sock, HEALTH_REPLY, frame[1][:_ID] +
-                                   self._health().SerializeToString())
-                    continue
-                with self._lock:
-                    served = self._calls.get(call_id)
-                if kind == REQUEST:
-                    if served is not None:
-                        served.requests.put(pb.RunRequest.FromString(body))
-                elif kind == CANCEL:
-                    if served is not None:
-                        served.end()
-                else:
-                    raise ConnectionError(f"unknown link frame kind {kind}")
-        except (OSError, ValueError) as exc:       # (a DecodeError is a ValueError)
-            log.info("a gateway's link ended: %s", exc)
-        finally:
-            _shut(sock)
-            with self._lock:
-                calls = list(self._calls.values())
-            for served in calls:             # a gateway that went away: as on gRPC
-                served.end()
-        return b""
-
-    def _start(self, call_id: int, request: pb.RunRequest) -> None:
-        served = _Served()
-        with self._lock:
-            if call_id in self._calls:
-                raise ConnectionError(f"call {call_id} started twice on the link")
-            self._calls[call_id] = served
-        threading.Thread(target=self._serve_call, args=(call_id, request, served),
-                         daemon=True, name="link-call").start()
-
-    def _serve_call(self, call_id: int, request: pb.RunRequest, served: _Served) -> None:
-        head = call_id.to_bytes(_ID, "big")
-
-        def send(kind: int, body: bytes = b"") -> None:
-            with self._send_lock:
-                send_frame(self._sock, kind, head + body)
-        requests = itertools.chain((request,), iter(served.requests.get, None))
-        try:
-            if not serve_call(self._run(requests, served.context), served.context, send):
-                _shut(self._sock)             # broken: serve() ends the others
-        finally:
-            with self._lock:
-                self._calls.pop(call_id, None)
-            served.end()

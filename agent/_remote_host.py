@@ -7,6 +7,7 @@ offered one (``_lane``); ``stop`` ends it, and so the peer's worker."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -59,21 +60,42 @@ class RemoteHost:
         self._lane: GatewayLane | None = None     # the session's calls, once opened
         self._on_lane = False                     # a call sent on it has not ended
 
-    def preflight(self) -> tuple[str, bool]:
+    def preflight(self, on_link: bool = True) -> tuple[str, bool]:
         """Check, before anything runs anywhere, that the peer answers, accepts
         our credentials and speaks our protocol. Returns what is wrong (or "")
         and whether it is permanent (refused: asking again cannot help, unlike
-        a peer that does not answer, as while its VM is preempted)."""
-        link = _peer_link.link_to(self.address, self._credentials) if self._linkable() \
-            else _peer_link.existing(self.address)
+        a peer that does not answer, as while its VM is preempted). Asked on
+        the link to the peer (opened for a call that will go on it), else, or
+        where it did not answer, on gRPC."""
+        link = None
+        if on_link:
+            link = _peer_link.link_to(self.address, self._credentials) if self._linkable() \
+                else _peer_link.existing(self.address)
         reply = link.health(self._credentials.answer_within(5)) if link is not None else None
-        try:                          # (without a link, or it did not answer: on gRPC)
+        try:
             if reply is None:
                 reply = health(self.address, self._credentials, attempts=2)
         except (AuthenticationError, VersionMismatchError) as exc:
             return f"agent at {self.address} cannot take the job: {exc}", True
         except Exception as exc:  # noqa: BLE001 - every failure is reported
             return f"agent at {self.address} cannot take the job: {exc}", False
+        return self._verdict(reply)
+
+    def ask(self) -> Callable[[float], tuple[str, bool] | None] | None:
+        """``preflight`` begun on an open link to the peer (None: there is
+        none); a function that waits until its argument (``time.monotonic``)
+        for the verdict, None if none came (ask with ``preflight(False)``)."""
+        link = _peer_link.existing(self.address)
+        wait = link.ask_health() if link is not None else None
+        if wait is None:
+            return None
+
+        def verdict(deadline: float) -> tuple[str, bool] | None:
+            reply = wait(max(0.0, deadline - time.monotonic()))
+            return None if reply is None else self._verdict(reply)
+        return verdict
+
+    def _verdict(self, reply: pb.HealthReply) -> tuple[str, bool]:
         problems = differences(reply.versions, there=f"on the agent at {self.address}",
                                here="on the gateway")
         if problems:
@@ -349,3 +371,20 @@ def _chunks(payload: bytes | str) -> Iterator[bytes]:
     with open(payload, "rb") as f:
         while chunk := f.read(CHUNK_SIZE):
             yield chunk
+
+
+def preflight_all(remotes: list[RemoteHost]) -> list[tuple[str, bool]]:
+    """Every peer's ``preflight``, at once: on the open links, every check is
+    sent and then their answers awaited, on this thread; the other peers (and
+    any that did not answer) are asked each on a thread of a pool."""
+    asked = [remote.ask() for remote in remotes]
+    deadline = time.monotonic() + max((r._credentials.answer_within(5) for r in remotes),
+                                      default=0)
+    verdicts = [wait(deadline) if wait is not None else None for wait in asked]
+    rest = [i for i, verdict in enumerate(verdicts) if verdict is None]
+    if rest:
+        with concurrent.futures.ThreadPoolExecutor(len(rest)) as pool:
+            for i, verdict in zip(rest, pool.map(
+                    lambda i: remotes[i].preflight(on_link=asked[i] is None), rest)):
+                verdicts[i] = verdict
+    return verdicts

@@ -41,7 +41,7 @@ from ._host import Host
 from ._job_views import JobViews, result, status_of, watch
 from ._outputs import output_env, own_files, slice_files
 from ._peer import PeerRole
-from ._peer_link import offer_link
+from ._peer_link_serve import offer_link
 from ._blobs import BlobCache, check_ref
 from . import _call_lane as call_lane
 from ._data_port import DataPort

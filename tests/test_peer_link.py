@@ -23,7 +23,8 @@ from remote_tpu._core.limits import INLINE_BYTES, MAX_MESSAGE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent import _peer_link
 from remote_tpu_agent._data_port import DataPort
-from remote_tpu_agent._peer_link import CALL, GatewayLink, PeerLink, offer_link
+from remote_tpu_agent._peer_link import CALL, GatewayLink
+from remote_tpu_agent._peer_link_serve import PeerLink, offer_link
 
 from conftest import Agents, wait_until
 
@@ -105,6 +106,18 @@ def test_health_is_answered_on_the_link_between_and_beside_calls(peer):
     assert [link.health(5).tpu_busy for _ in range(3)] == ["busy?"] * 3
     link.close()
     assert link.health(5) is None                          # closed: ask on gRPC
+
+
+def test_health_checks_asked_together_are_each_answered(peer):
+    links = [peer.link() for _ in range(3)]
+    waits = [link.ask_health() for link in links for _ in range(2)]
+    assert [wait(5).tpu_busy for wait in reversed(waits)] == ["busy?"] * 6
+    links[0].close()
+    assert links[0].ask_health() is None
+    wait = links[1].ask_health()
+    links[1].close()                                       # broken before it is answered:
+    assert wait(5) is None or wait(5).tpu_busy == "busy?"  # none, at once (or it came first)
+    links[2].close()
 
 
 def test_health_unanswered_in_time_is_none(peer):
