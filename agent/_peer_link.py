@@ -29,8 +29,13 @@ session's calls (their ``Run`` call is the session's lifeline, and their own
 lane carries the next ones: ``_lane``), and every call to a peer without a data
 port (TLS, ``--data-port -1``) or whose link cannot be opened. A link that
 breaks fails the calls on it as a broken gRPC connection does (the peer is
-lost); the next call opens a new one. Each end counts the other as gone after
-``SILENCE_SECONDS`` of silence (``data_wire.keep_alive``).
+lost); the next call opens a new one. Each end counts the other's host as
+gone (or the network to it cut) after ``SILENCE_SECONDS`` of silence
+(``data_wire.keep_alive``; the gateway's ``--peer-timeout`` where it has one).
+A peer agent that is there but stuck (stopped, say) is answered for by its
+kernel, as on gRPC: only the call's own ``timeout=`` ends that. A health check
+the peer does not answer in time refuses the call, as on gRPC, and closes the
+link (the next call opens a new one, or goes on gRPC if it cannot).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL_LANE_CALL, data_wire.CALL_LANE
 REQUEST = 6
 HEALTH = 7            # gateway -> peer: no body; the peer answers with
 HEALTH_REPLY = 8      # peer -> gateway: its HealthReply, as ``Health`` would
+LINKED = 9            # peer -> gateway, first: the link is served (not refused: lanes full)
 
 SILENCE_SECONDS = 10.0
 RETRY_SECONDS = 60.0          # a peer whose link could not be opened: gRPC until then
@@ -97,6 +103,12 @@ class LinkCall:
         """End the call (the peer stops its worker), as gRPC's ``cancel`` does."""
         if self.finish(LaneError(grpc.StatusCode.CANCELLED, "the gateway ended the call")):
             self._link.send(CANCEL, self.id)
+
+    def claim(self) -> bool:
+        """Mark it ended without a word (it never started); False if it had."""
+        with self._lock:
+            ended, self._ended = self._ended, True
+        return not ended
 
     def finish(self, error: grpc.RpcError | None) -> bool:
         with self._lock:
@@ -141,15 +153,16 @@ class GatewayLink:
                 return None
             call = LinkCall(self, next(self._ids) & 0xFFFFFFFF, on_event, on_end)
             self._calls[call.id] = call
-        if self.send(CALL, call.id, request.SerializeToString()):
-            return call
+        if self.send(CALL, call.id, request.SerializeToString()) or not call.claim():
+            return call            # (not claimed: the link broke and ended it, as lost)
         self.forget(call.id)
         return None
 
     def ask_health(self) -> Callable[[float], pb.HealthReply | None] | None:
         """Ask the peer's ``Health`` on the link (None: it is closed); returns
-        a function that waits at most its argument's seconds for the answer,
-        None when none came or the link broke (ask it on gRPC)."""
+        a function that waits at most its argument's seconds for the answer:
+        None when the link broke or the peer could not answer (ask it on gRPC),
+        TimeoutError when no answer came in time."""
         answer = _Answer()
         with self._lock:
             if self.closed:
@@ -162,7 +175,10 @@ class GatewayLink:
 
         def wait(timeout: float) -> pb.HealthReply | None:
             try:
-                if not answer.came.wait(timeout) or answer.body is None:
+                if not answer.came.wait(timeout):
+                    raise TimeoutError(f"no answer within {timeout:.3g} s on the "
+                                       "gateway's link to it")
+                if answer.body is None:
                     return None
                 return pb.HealthReply.FromString(answer.body)
             except ValueError:          # (a DecodeError)
@@ -172,7 +188,7 @@ class GatewayLink:
         return wait
 
     def health(self, timeout: float) -> pb.HealthReply | None:
-        """``ask_health``, and its answer."""
+        """``ask_health``, and its answer (TimeoutError)."""
         wait = self.ask_health()
         return wait(timeout) if wait is not None else None
 
@@ -211,10 +227,9 @@ class GatewayLink:
                 with self._lock:
                     call = self._calls.get(call_id)
                     asked = self._asked.get(call_id)
-                if kind == HEALTH_REPLY:
-                    if asked is not None:
-                        asked.body = body
-                        asked.came.set()
+                if asked is not None:         # (ERROR: it could not answer)
+                    asked.body = body if kind == HEALTH_REPLY else None
+                    asked.came.set()
                     continue
                 if call is None:
                     continue              # a call that ended here: what it still sent
@@ -278,21 +293,36 @@ def link_to(address: str, credentials: Credentials) -> GatewayLink | None:
 def _open(address: str, credentials: Credentials) -> GatewayLink | None:
     try:
         ticket = stub(address, credentials).OpenLink(
-            pb.LinkRequest(), timeout=credentials.answer_within(10),
+            pb.LinkRequest(), timeout=credentials.answer_within(5),
             metadata=credentials.metadata)
+        if not ticket.port:
+            return None
+        sock = connect(address, ticket, credentials.answer_within(5))
     except grpc.RpcError as exc:
         log.info("no link to %s (its calls go on gRPC): %s", address, exc.details())
         return None
-    if not ticket.port:
-        return None
-    try:
-        sock = data_wire.connect(address, ticket.port, ticket.nonce)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(ticket.ticket)
     except (data_wire.Unreachable, OSError) as exc:
         log.info("no link to %s (its calls go on gRPC): %s", address, exc)
         return None
     return GatewayLink(address, sock, credentials.keepalive or SILENCE_SECONDS)
+
+
+def connect(address: str, ticket: pb.DataTicket, within: float) -> socket.socket:
+    """A link's connection, the peer's data port let in by ``ticket``, once
+    the peer says it serves it (within ``within`` seconds; it refuses one
+    when its lanes are full). OSError, data_wire.Unreachable."""
+    sock = data_wire.connect(address, ticket.port, ticket.nonce)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(ticket.ticket)
+        sock.settimeout(within)
+        frame = read_frame(sock)
+        if frame is None or frame[0] != LINKED:
+            raise ConnectionError("the agent did not take the link (its lanes are full?)")
+        return sock
+    except (OSError, ValueError) as exc:
+        sock.close()
+        raise ConnectionError(str(exc)) from None
 
 
 def _forget(link: GatewayLink) -> None:

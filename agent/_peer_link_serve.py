@@ -11,14 +11,16 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 
+import grpc
+
 from remote_tpu._core import data_wire
-from remote_tpu._core.data_wire import read_frame, send_frame
+from remote_tpu._core.data_wire import LaneError, read_frame, send_frame
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from ._call_lane import LaneContext, serve_call
 from ._lane import shut
-from ._peer_link import (CALL, CANCEL, HEALTH, HEALTH_REPLY, ID_BYTES, REQUEST,
-                         SILENCE_SECONDS, split_id)
+from ._peer_link import (CALL, CANCEL, ERROR, HEALTH, HEALTH_REPLY, ID_BYTES, LINKED,
+                         REQUEST, SILENCE_SECONDS, split_id)
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +66,14 @@ class PeerLink:
         data_wire.keep_alive(sock, SILENCE_SECONDS)
         self._sock = sock
         try:
+            self._send(LINKED, 0)             # taken (not refused: lanes full)
             while (frame := read_frame(sock)) is not None:
                 kind, (call_id, body) = frame[0], split_id(frame[1])
                 if kind == CALL:
                     self._start(call_id, pb.RunRequest.FromString(body))
                     continue
                 if kind == HEALTH:
-                    with self._send_lock:
-                        send_frame(sock, HEALTH_REPLY, frame[1][:ID_BYTES] +
-                                   self._health().SerializeToString())
+                    self._answer_health(call_id)
                     continue
                 with self._lock:
                     served = self._calls.get(call_id)
@@ -94,21 +95,37 @@ class PeerLink:
                 served.end()
         return b""
 
+    def _send(self, kind: int, call_id: int, body: bytes = b"") -> None:
+        with self._send_lock:
+            send_frame(self._sock, kind, call_id.to_bytes(ID_BYTES, "big") + body)
+
+    def _answer_health(self, call_id: int) -> None:
+        try:
+            reply = self._health().SerializeToString()
+        except Exception as exc:  # noqa: BLE001 - the gateway then asks on gRPC, told why
+            log.exception("a health check on a gateway's link failed")
+            self._send(ERROR, call_id, LaneError(grpc.StatusCode.INTERNAL, str(exc)).body())
+            return
+        self._send(HEALTH_REPLY, call_id, reply)
+
     def _start(self, call_id: int, request: pb.RunRequest) -> None:
         served = _Served()
         with self._lock:
             if call_id in self._calls:
                 raise ConnectionError(f"call {call_id} started twice on the link")
             self._calls[call_id] = served
-        threading.Thread(target=self._serve_call, args=(call_id, request, served),
-                         daemon=True, name="link-call").start()
+        try:
+            threading.Thread(target=self._serve_call, args=(call_id, request, served),
+                             daemon=True, name="link-call").start()
+        except RuntimeError as exc:           # (no thread to be had): this call only fails
+            with self._lock:
+                self._calls.pop(call_id, None)
+            self._send(ERROR, call_id, LaneError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"cannot serve the call: {exc}").body())
 
     def _serve_call(self, call_id: int, request: pb.RunRequest, served: _Served) -> None:
-        head = call_id.to_bytes(ID_BYTES, "big")
-
         def send(kind: int, body: bytes = b"") -> None:
-            with self._send_lock:
-                send_frame(self._sock, kind, head + body)
+            self._send(kind, call_id, body)
         requests = itertools.chain((request,), iter(served.requests.get, None))
         try:
             if not serve_call(self._run(requests, served.context), served.context, send):

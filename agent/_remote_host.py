@@ -65,33 +65,41 @@ class RemoteHost:
         our credentials and speaks our protocol. Returns what is wrong (or "")
         and whether it is permanent (refused: asking again cannot help, unlike
         a peer that does not answer, as while its VM is preempted). Asked on
-        the link to the peer (opened for a call that will go on it), else, or
-        where it did not answer, on gRPC."""
-        link = None
-        if on_link:
-            link = _peer_link.link_to(self.address, self._credentials) if self._linkable() \
-                else _peer_link.existing(self.address)
-        reply = link.health(self._credentials.answer_within(5)) if link is not None else None
+        the open link to the peer (``ask``), else, or where that broke, on gRPC;
+        a call that will go on a link then opens one."""
+        if on_link and (wait := self.ask()) is not None and \
+                (verdict := wait(time.monotonic() + self._credentials.answer_within(5))):
+            return verdict
         try:
-            if reply is None:
-                reply = health(self.address, self._credentials, attempts=2)
+            reply = health(self.address, self._credentials, attempts=2)
         except (AuthenticationError, VersionMismatchError) as exc:
             return f"agent at {self.address} cannot take the job: {exc}", True
         except Exception as exc:  # noqa: BLE001 - every failure is reported
             return f"agent at {self.address} cannot take the job: {exc}", False
-        return self._verdict(reply)
+        verdict = self._verdict(reply)
+        if not verdict[0] and self._linkable():
+            _peer_link.link_to(self.address, self._credentials)     # (for ``start``)
+        return verdict
 
     def ask(self) -> Callable[[float], tuple[str, bool] | None] | None:
-        """``preflight`` begun on an open link to the peer (None: there is
+        """``preflight`` begun on the open link to the peer (None: there is
         none); a function that waits until its argument (``time.monotonic``)
-        for the verdict, None if none came (ask with ``preflight(False)``)."""
+        for the verdict: None where the link broke (ask with
+        ``preflight(False)``). A peer that does not answer in time is refused,
+        as on gRPC, and its link closed: it is not trusted with the call."""
         link = _peer_link.existing(self.address)
         wait = link.ask_health() if link is not None else None
-        if wait is None:
+        if link is None or wait is None:
             return None
 
         def verdict(deadline: float) -> tuple[str, bool] | None:
-            reply = wait(max(0.0, deadline - time.monotonic()))
+            try:
+                reply = wait(max(0.0, deadline - time.monotonic()))
+            except TimeoutError as exc:
+                link.close()
+                return (f"agent at {self.address} cannot take the job: {exc} (the agent "
+                        "is stuck, or the network drops its data port); the link is closed: "
+                        "the next call opens a new one, or goes on gRPC"), False
             return None if reply is None else self._verdict(reply)
         return verdict
 

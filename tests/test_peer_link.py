@@ -26,7 +26,7 @@ from remote_tpu_agent._data_port import DataPort
 from remote_tpu_agent._peer_link import CALL, GatewayLink
 from remote_tpu_agent._peer_link_serve import PeerLink, offer_link
 
-from conftest import Agents, wait_until
+from conftest import Agents, dropping, need_iptables, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,10 +57,12 @@ class _Peer:
             yield pb.Event(host=1, output=pb.Output(data=f"control {request.control}".encode()))
 
     def link(self, silence: float = 10.0) -> GatewayLink:
-        ticket = offer_link(self.port, self.run, lambda: pb.HealthReply(tpu_busy="busy?"))
-        sock = data_wire.connect(f"127.0.0.1:{self.port.port}", ticket.port, ticket.nonce)
-        sock.sendall(ticket.ticket)
-        return GatewayLink(f"127.0.0.1:{self.port.port}", sock, silence)
+        return self.link_with(lambda: pb.HealthReply(tpu_busy="busy?"), silence)
+
+    def link_with(self, health, silence: float = 10.0) -> GatewayLink:
+        ticket = offer_link(self.port, self.run, health)
+        address = f"127.0.0.1:{self.port.port}"
+        return GatewayLink(address, _peer_link.connect(address, ticket, 5), silence)
 
 
 class _Call:
@@ -121,12 +123,21 @@ def test_health_checks_asked_together_are_each_answered(peer):
 
 
 def test_health_unanswered_in_time_is_none(peer):
-    ticket = offer_link(peer.port, peer.run, lambda: time.sleep(2) or pb.HealthReply())
-    sock = data_wire.connect(f"127.0.0.1:{peer.port.port}", ticket.port, ticket.nonce)
-    sock.sendall(ticket.ticket)
-    link = GatewayLink("slow", sock, 10.0)
+    link = peer.link_with(lambda: time.sleep(2) or pb.HealthReply())
     start = time.monotonic()
-    assert link.health(0.3) is None and time.monotonic() - start < 1.5
+    with pytest.raises(TimeoutError, match="no answer within 0.3 s"):
+        link.health(0.3)
+    assert time.monotonic() - start < 1.5
+    link.close()
+
+
+def test_a_health_check_the_peer_cannot_answer_is_none_and_the_link_goes_on(peer):
+    def broken():
+        raise OSError("no /proc here")
+    link = peer.link_with(broken)
+    assert link.health(5) is None                          # (the gateway asks on gRPC)
+    call = _Call(link, "a", b"x")
+    assert call.data() == b"x"
     link.close()
 
 
@@ -266,9 +277,8 @@ def test_a_link_is_only_for_callers_with_the_token_and_its_ticket_opens_one(agen
     ticket = stub(agents.addresses[1], creds).OpenLink(pb.LinkRequest(), timeout=30,
                                                         metadata=creds.metadata)
     assert ticket.port == agents.data_ports[1]
-    first = data_wire.connect(agents.addresses[1], ticket.port, ticket.nonce)
-    first.sendall(ticket.ticket)
-    link = GatewayLink(agents.addresses[1], first, 10.0)
+    link = GatewayLink(agents.addresses[1],
+                       _peer_link.connect(agents.addresses[1], ticket, 5), 10.0)
     assert link.health(10).versions.remote_tpu == remote_tpu.__version__
     again = data_wire.connect(agents.addresses[1], ticket.port, ticket.nonce)
     again.sendall(ticket.ticket)                       # the same ticket, once more:
@@ -370,5 +380,51 @@ def test_a_peer_without_a_data_port_takes_its_calls_on_gRPC():
     try:
         assert _on(agents)(_where)()[0] == 0
         assert _on(agents)(_where)()[0] == 0
+    finally:
+        agents.stop()
+
+
+@pytest.mark.slow
+def test_a_peer_whose_lanes_are_full_takes_its_calls_on_gRPC():
+    from remote_tpu_agent._data_port import MAX_LANES
+    agents = Agents(2)
+    held = []
+    try:
+        creds = Credentials(token=agents.token)
+        for _ in range(MAX_LANES):                   # every lane of peer 1 taken
+            ticket = stub(agents.addresses[1], creds).OpenLink(
+                pb.LinkRequest(), timeout=30, metadata=creds.metadata)
+            held.append(_peer_link.connect(agents.addresses[1], ticket, 10))
+        fn = _on(agents)(_where)
+        for _ in range(4):
+            assert fn()[0] == 0
+        assert _links(agents, 1) == 0                    # refused at once, not half-open
+    finally:
+        for sock in held:
+            sock.close()
+        agents.stop()
+
+
+@pytest.mark.slow
+def test_a_link_that_goes_silent_refuses_the_call_and_the_next_one_goes_on_gRPC():
+    """The network drops the link (not gRPC): the check before the call gets
+    no answer on it, so the call is refused at once, as on gRPC, naming the
+    peer; the link is closed, and the next call, which cannot open another,
+    goes on gRPC."""
+    need_iptables()
+    agents = Agents(2)
+    try:
+        fn = _on(agents)(_where)
+        assert fn()[0] == 0 and _links(agents, 1) == 1
+        with dropping(agents.data_ports[1]):
+            start = time.monotonic()
+            with pytest.raises(remote_tpu.JobFailedError) as info:
+                fn()
+            assert time.monotonic() - start < 15
+            text = str(info.value)
+            assert agents.addresses[1] in text and "no answer within" in text, text
+            assert "nothing was started" in text, text
+            assert fn()[0] == 0                          # on gRPC
+        assert fn()[0] == 0
     finally:
         agents.stop()
