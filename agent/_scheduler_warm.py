@@ -14,8 +14,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from remote_tpu._core.proto import remote_tpu_pb2 as pb
-
 from ._gateway_job import GatewayJob
 from ._store import JobRecord
 from ._warm import WarmSession
