@@ -204,7 +204,7 @@ class CallLane:
                     self._cancel()
                 else:
                     raise ConnectionError(f"unknown lane frame kind {kind}")
-        except (OSError, ValueError) as exc:       # (a DecodeError is a ValueError)
+        except data_wire.FRAME_ERRORS as exc:
             log.info("a caller's lane ended: %s", exc)
         finally:
             with self._lock:

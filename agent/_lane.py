@@ -121,7 +121,7 @@ class PeerLane:
                     self._on_cancel()
                 else:
                     raise ConnectionError(f"unknown lane frame kind {kind}")
-        except (OSError, ValueError) as exc:      # (a DecodeError is a ValueError)
+        except data_wire.FRAME_ERRORS as exc:
             if not self._closed:
                 log.warning("lane from the gateway ended: %s", exc)
         finally:
@@ -187,7 +187,7 @@ class GatewayLane:
                     raise ConnectionError(f"unknown lane frame kind {kind}")
                 self._on_event(pb.Event.FromString(body))
             why = "the peer closed the lane"
-        except (OSError, ValueError) as exc:
+        except data_wire.FRAME_ERRORS as exc:
             why = f"the lane broke: {exc}"
         finally:
             self._closed = True

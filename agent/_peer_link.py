@@ -174,17 +174,15 @@ class GatewayLink:
             return None
 
         def wait(timeout: float) -> pb.HealthReply | None:
+            came = answer.came.wait(timeout)
+            self._unask(call_id)
+            if not came:
+                raise TimeoutError(f"no answer within {timeout:.3g} s on the gateway's "
+                                   "link to it")
             try:
-                if not answer.came.wait(timeout):
-                    raise TimeoutError(f"no answer within {timeout:.3g} s on the "
-                                       "gateway's link to it")
-                if answer.body is None:
-                    return None
-                return pb.HealthReply.FromString(answer.body)
-            except ValueError:          # (a DecodeError)
+                return None if answer.body is None else pb.HealthReply.FromString(answer.body)
+            except data_wire.FRAME_ERRORS:          # (what the peer sent cannot be read)
                 return None
-            finally:
-                self._unask(call_id)
         return wait
 
     def health(self, timeout: float) -> pb.HealthReply | None:
@@ -239,7 +237,7 @@ class GatewayLink:
                     call.finish(None)
                 else:
                     call.finish(LaneError.from_body(body))
-        except (OSError, ValueError) as exc:       # (a DecodeError is a ValueError)
+        except data_wire.FRAME_ERRORS as exc:
             why = f"the link broke: {exc}"
         finally:
             self.closed = True
@@ -320,7 +318,7 @@ def connect(address: str, ticket: pb.DataTicket, within: float) -> socket.socket
         if frame is None or frame[0] != LINKED:
             raise ConnectionError("the agent did not take the link (its lanes are full?)")
         return sock
-    except (OSError, ValueError) as exc:
+    except data_wire.FRAME_ERRORS as exc:
         sock.close()
         raise ConnectionError(str(exc)) from None
 

@@ -38,12 +38,13 @@ class _Served:
         self.context.end()
 
 
-def offer_link(data_port, run: PeerCall, health: Callable[[], pb.HealthReply]
-               ) -> pb.DataTicket:
+def offer_link(data_port, run: PeerCall, health: Callable[[], pb.HealthReply],
+               silence: float = SILENCE_SECONDS) -> pb.DataTicket:
     """``OpenLink``: a ticket for a gateway's link on this agent's data port,
     whose calls ``run`` serves and whose health checks ``health`` answers
-    (port 0: none, the gateway uses ``Run``)."""
-    link = PeerLink(run, health)
+    (port 0: none, the gateway uses ``Run``). A gateway silent for ``silence``
+    seconds (this agent's ``--peer-timeout``) is gone, and its calls end."""
+    link = PeerLink(run, health, silence)
     if data_port is None or (ticket := data_port.issue(link.serve, lane=True)) is None:
         return pb.DataTicket()
     return pb.DataTicket(port=data_port.port, nonce=data_port.nonce, ticket=ticket)
@@ -53,9 +54,11 @@ class PeerLink:
     """The peer's end: serves one gateway's link on its data port connection's
     thread; each call on a thread of its own, as ``Run`` would be served."""
 
-    def __init__(self, run: PeerCall, health: Callable[[], pb.HealthReply]) -> None:
+    def __init__(self, run: PeerCall, health: Callable[[], pb.HealthReply],
+                 silence: float = SILENCE_SECONDS) -> None:
         self._run = run
         self._health = health
+        self._silence = silence
         self._sock: socket.socket | None = None
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -63,7 +66,7 @@ class PeerLink:
 
     def serve(self, sock: socket.socket) -> bytes:
         sock.settimeout(None)
-        data_wire.keep_alive(sock, SILENCE_SECONDS)
+        data_wire.keep_alive(sock, self._silence)
         self._sock = sock
         try:
             self._send(LINKED, 0)             # taken (not refused: lanes full)
@@ -85,7 +88,7 @@ class PeerLink:
                         served.end()
                 else:
                     raise ConnectionError(f"unknown link frame kind {kind}")
-        except (OSError, ValueError) as exc:       # (a DecodeError is a ValueError)
+        except data_wire.FRAME_ERRORS as exc:
             log.info("a gateway's link ended: %s", exc)
         finally:
             shut(sock)

@@ -1,9 +1,9 @@
 """The gateway's proxy for one process on a peer host: a ``Run`` call to that
-host's agent (which plays the peer role, ``_peer``), relayed as if it were a
-local worker; or the same call on the gateway's link to that agent
-(``_peer_link``), where it can go. In a warm session the call stays open between calls and carries
-each next one (``next_call``), or the session's lane does once the peer has
-offered one (``_lane``); ``stop`` ends it, and so the peer's worker."""
+host's agent (the peer role, ``_peer``), or the same on the gateway's link to
+it (``_peer_link``), relayed as if it were a local worker. In a warm session
+the call stays open between calls and carries each next one (``next_call``),
+or the session's lane does once the peer has offered one (``_lane``); ``stop``
+ends it, and so the peer's worker."""
 
 from __future__ import annotations
 
@@ -59,19 +59,22 @@ class RemoteHost:
         self.finished = threading.Event()
         self._lane: GatewayLane | None = None     # the session's calls, once opened
         self._on_lane = False                     # a call sent on it has not ended
+        self._silent = False                      # its link did not answer the preflight
 
     def preflight(self, on_link: bool = True) -> tuple[str, bool]:
         """Check, before anything runs anywhere, that the peer answers, accepts
         our credentials and speaks our protocol. Returns what is wrong (or "")
         and whether it is permanent (refused: asking again cannot help, unlike
         a peer that does not answer, as while its VM is preempted). Asked on
-        the open link to the peer (``ask``), else, or where that broke, on gRPC;
-        a call that will go on a link then opens one."""
+        the open link to the peer (``ask``), else, or where that broke, on gRPC
+        (for 2 s only where the link was silent: ``ask``); a call that will go
+        on a link then opens one."""
         if on_link and (wait := self.ask()) is not None and \
                 (verdict := wait(time.monotonic() + self._credentials.answer_within(5))):
             return verdict
         try:
-            reply = health(self.address, self._credentials, attempts=2)
+            reply = health(self.address, self._credentials, attempts=1 if self._silent else 2,
+                           timeout=2 if self._silent else 5)
         except (AuthenticationError, VersionMismatchError) as exc:
             return f"agent at {self.address} cannot take the job: {exc}", True
         except Exception as exc:  # noqa: BLE001 - every failure is reported
@@ -84,9 +87,9 @@ class RemoteHost:
     def ask(self) -> Callable[[float], tuple[str, bool] | None] | None:
         """``preflight`` begun on the open link to the peer (None: there is
         none); a function that waits until its argument (``time.monotonic``)
-        for the verdict: None where the link broke (ask with
-        ``preflight(False)``). A peer that does not answer in time is refused,
-        as on gRPC, and its link closed: it is not trusted with the call."""
+        for the verdict, None if none came (ask with ``preflight(False)``). A
+        link silent that long is closed, not trusted with the call: the peer
+        is stuck, or the network drops only its data port."""
         link = _peer_link.existing(self.address)
         wait = link.ask_health() if link is not None else None
         if link is None or wait is None:
@@ -97,9 +100,9 @@ class RemoteHost:
                 reply = wait(max(0.0, deadline - time.monotonic()))
             except TimeoutError as exc:
                 link.close()
-                return (f"agent at {self.address} cannot take the job: {exc} (the agent "
-                        "is stuck, or the network drops its data port); the link is closed: "
-                        "the next call opens a new one, or goes on gRPC"), False
+                self._silent = True
+                log.info("peer %d at %s: %s; asking on gRPC", self.host, self.address, exc)
+                return None
             return None if reply is None else self._verdict(reply)
         return verdict
 
@@ -114,8 +117,7 @@ class RemoteHost:
         return "", False
 
     def start(self) -> None:
-        # On an open link a small call starts here, no thread of its own; a
-        # larger one may wait for room in the socket, so not in the job's thread.
+        # A small call on an open link starts here (a larger one may wait for room).
         if self._linkable() and len(self._payload) <= _DIRECT_BYTES and \
                 (link := _peer_link.existing(self.address)) is not None and self._start_on(link):
             return

@@ -184,7 +184,8 @@ class AgentService(pb_grpc.AgentServicer):
 
     def OpenLink(self, request: pb.LinkRequest, context: grpc.ServicerContext
                  ) -> pb.DataTicket:
-        return offer_link(self.data_port, self._peer_call, self.queries.health)
+        return offer_link(self.data_port, self._peer_call, self.queries.health,
+                          self.config.peer_timeout)
 
     def RunInline(self, request: pb.RunRequest, context: grpc.ServicerContext
                   ) -> Iterator[pb.Event]:

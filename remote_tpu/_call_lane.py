@@ -105,7 +105,7 @@ def start(gateway: str, credentials, request: pb.RunRequest) -> LaneStream | Non
     except LaneError:
         _put(key, sock)                # (the lane goes on: the refusal was its answer)
         raise
-    except (OSError, ValueError):
+    except data_wire.FRAME_ERRORS:
         stream.close()
         return None
     except BaseException:
@@ -160,7 +160,7 @@ class LaneStream:
     def _next(self) -> pb.Event | None:
         try:
             return self.next_event()
-        except (OSError, ValueError) as exc:
+        except data_wire.FRAME_ERRORS as exc:
             self.close()
             raise LaneError(grpc.StatusCode.UNAVAILABLE,
                             f"the lane to the gateway broke during the call: {exc}", "") \

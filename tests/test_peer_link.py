@@ -183,6 +183,8 @@ def test_the_gateway_going_away_ends_every_call_on_the_peer(peer):
     (MAX_MESSAGE_BYTES + 2).to_bytes(4, "big"),          # one past the largest frame
     (1).to_bytes(4, "big") + bytes((_peer_link.EVENT,)),   # no call id
     (5).to_bytes(4, "big") + bytes((CALL,)) + (1).to_bytes(4, "big"),   # a kind never sent
+    (8).to_bytes(4, "big") + bytes((_peer_link.EVENT,)) + (1).to_bytes(4, "big")
+    + b"\xff\xff\xff",                                   # an event that cannot be read
 ])
 def test_a_broken_link_fails_every_call_on_it_naming_why(peer, frame):
     link = peer.link()
@@ -192,8 +194,8 @@ def test_a_broken_link_fails_every_call_on_it_naming_why(peer, frame):
     _peer_side_send(link, frame)
     for call in calls:
         error = call.ends.get(timeout=5)
-        assert error.code() == grpc.StatusCode.UNAVAILABLE and "during the call" in \
-            error.details(), error.details()
+        assert error.code() == grpc.StatusCode.UNAVAILABLE and error.details().startswith(
+            "the link broke: ") and "during the call" in error.details(), error.details()
     assert link.closed
 
 
@@ -221,6 +223,16 @@ def _remember_peer_sockets(monkeypatch):
     monkeypatch.setattr(PeerLink, "serve", remembering)
     yield
     _PEER_SOCKETS.clear()
+
+
+def test_a_health_answer_that_cannot_be_read_is_none(peer):
+    link = peer.link_with(lambda: time.sleep(1) or pb.HealthReply(tpu_busy="late"))
+    wait = link.ask_health()                              # (the link's first id: 1)
+    _peer_side_send(link, (8).to_bytes(4, "big") + bytes((_peer_link.HEALTH_REPLY,))
+                    + (1).to_bytes(4, "big") + b"\xff\xff\xff")
+    assert wait(5) is None                                # (the gateway asks on gRPC)
+    assert link.health(5).tpu_busy == "late"              # and the link goes on
+    link.close()
 
 
 def test_a_frame_the_peer_cannot_take_ends_the_link_and_its_calls(peer):
@@ -406,11 +418,11 @@ def test_a_peer_whose_lanes_are_full_takes_its_calls_on_gRPC():
 
 
 @pytest.mark.slow
-def test_a_link_that_goes_silent_refuses_the_call_and_the_next_one_goes_on_gRPC():
+def test_a_link_that_goes_silent_is_closed_and_the_call_goes_on_gRPC():
     """The network drops the link (not gRPC): the check before the call gets
-    no answer on it, so the call is refused at once, as on gRPC, naming the
-    peer; the link is closed, and the next call, which cannot open another,
-    goes on gRPC."""
+    no answer on it, so the link is closed and the peer asked on gRPC, which
+    answers: the call runs there, and so do the next ones (no new link can be
+    opened)."""
     need_iptables()
     agents = Agents(2)
     try:
@@ -418,13 +430,33 @@ def test_a_link_that_goes_silent_refuses_the_call_and_the_next_one_goes_on_gRPC(
         assert fn()[0] == 0 and _links(agents, 1) == 1
         with dropping(agents.data_ports[1]):
             start = time.monotonic()
+            assert fn()[0] == 0                          # on gRPC
+            assert time.monotonic() - start < 15
+            assert _links(agents, 1) == 0
+            assert fn()[0] == 0
+        assert fn()[0] == 0
+    finally:
+        agents.stop()
+
+
+@pytest.mark.slow
+def test_a_stuck_peer_is_refused_within_7_s_naming_it_and_served_once_it_goes_on():
+    agents = Agents(2)
+    try:
+        fn = _on(agents)(_where)
+        assert fn()[0] == 0 and _links(agents, 1) == 1
+        agents.procs[1].send_signal(signal.SIGSTOP)
+        try:
+            start = time.monotonic()
             with pytest.raises(remote_tpu.JobFailedError) as info:
                 fn()
-            assert time.monotonic() - start < 15
-            text = str(info.value)
-            assert agents.addresses[1] in text and "no answer within" in text, text
-            assert "nothing was started" in text, text
-            assert fn()[0] == 0                          # on gRPC
-        assert fn()[0] == 0
+            assert time.monotonic() - start < 10       # 5 s on the link, 2 on gRPC
+        finally:
+            agents.procs[1].send_signal(signal.SIGCONT)
+        text = str(info.value)
+        assert f"agent at {agents.addresses[1]} cannot take the job" in text, text
+        assert "nothing was started" in text, text
+        assert fn()[0] == 0                              # (on a new link)
+        assert wait_until(lambda: _links(agents, 1) == 1, timeout=5)
     finally:
         agents.stop()

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from .addresses import host_of
 from .channels import ERROR_KIND_KEY
@@ -175,6 +176,11 @@ CALL_LANE_CANCEL = 2   # caller -> gateway: cancel the running call
 CALL_LANE_EVENT = 3    # gateway -> caller: an Event of the call
 CALL_LANE_END = 4      # gateway -> caller: the call's events are over
 CALL_LANE_ERROR = 5    # gateway -> caller: the call was refused (JSON: code, details, kind)
+
+
+# What reading a lane's frames may raise when its other end broke it or sent
+# what cannot be read (a protobuf DecodeError is no ValueError).
+FRAME_ERRORS = (OSError, ValueError, DecodeError)
 
 
 class LaneError(grpc.RpcError):
