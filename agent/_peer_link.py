@@ -185,11 +185,6 @@ class GatewayLink:
                 return None
         return wait
 
-    def health(self, timeout: float) -> pb.HealthReply | None:
-        """``ask_health``, and its answer (TimeoutError)."""
-        wait = self.ask_health()
-        return wait(timeout) if wait is not None else None
-
     def _unask(self, call_id: int) -> None:
         with self._lock:
             self._asked.pop(call_id, None)

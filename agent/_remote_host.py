@@ -69,8 +69,7 @@ class RemoteHost:
         the open link to the peer (``ask``), else, or where that broke, on gRPC
         (for 2 s only where the link was silent: ``ask``); a call that will go
         on a link then opens one."""
-        if on_link and (wait := self.ask()) is not None and \
-                (verdict := wait(time.monotonic() + self._credentials.answer_within(5))):
+        if on_link and (wait := self.ask()) is not None and (verdict := wait()):
             return verdict
         try:
             reply = health(self.address, self._credentials, attempts=1 if self._silent else 2,
@@ -84,18 +83,19 @@ class RemoteHost:
             _peer_link.link_to(self.address, self._credentials)     # (for ``start``)
         return verdict
 
-    def ask(self) -> Callable[[float], tuple[str, bool] | None] | None:
+    def ask(self) -> Callable[[], tuple[str, bool] | None] | None:
         """``preflight`` begun on the open link to the peer (None: there is
-        none); a function that waits until its argument (``time.monotonic``)
-        for the verdict, None if none came (ask with ``preflight(False)``). A
+        none); a function that waits for the verdict (5 s from now at most),
+        None if none came (ask with ``preflight(False)``). A
         link silent that long is closed, not trusted with the call: the peer
         is stuck, or the network drops only its data port."""
         link = _peer_link.existing(self.address)
         wait = link.ask_health() if link is not None else None
         if link is None or wait is None:
             return None
+        deadline = time.monotonic() + self._credentials.answer_within(5)
 
-        def verdict(deadline: float) -> tuple[str, bool] | None:
+        def verdict() -> tuple[str, bool] | None:
             try:
                 reply = wait(max(0.0, deadline - time.monotonic()))
             except TimeoutError as exc:
@@ -388,9 +388,7 @@ def preflight_all(remotes: list[RemoteHost]) -> list[tuple[str, bool]]:
     sent and then their answers awaited, on this thread; the other peers (and
     any that did not answer) are asked each on a thread of a pool."""
     asked = [remote.ask() for remote in remotes]
-    deadline = time.monotonic() + max((r._credentials.answer_within(5) for r in remotes),
-                                      default=0)
-    verdicts = [wait(deadline) if wait is not None else None for wait in asked]
+    verdicts = [wait() if wait is not None else None for wait in asked]
     rest = [i for i, verdict in enumerate(verdicts) if verdict is None]
     if rest:
         with concurrent.futures.ThreadPoolExecutor(len(rest)) as pool:

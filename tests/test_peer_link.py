@@ -65,6 +65,12 @@ class _Peer:
         return GatewayLink(address, _peer_link.connect(address, ticket, 5), silence)
 
 
+def _health(link: GatewayLink, timeout: float):
+    """The peer's health asked on ``link`` (None: closed, broken, unanswerable)."""
+    wait = link.ask_health()
+    return wait(timeout) if wait is not None else None
+
+
 class _Call:
     def __init__(self, link: GatewayLink, job: str, payload: bytes = b"") -> None:
         self.events: queue.Queue = queue.Queue()
@@ -102,12 +108,12 @@ def test_calls_on_one_link_each_get_their_own_events_and_end(peer):
 
 def test_health_is_answered_on_the_link_between_and_beside_calls(peer):
     link = peer.link()
-    assert link.health(5).tpu_busy == "busy?"
+    assert _health(link, 5).tpu_busy == "busy?"
     call = _Call(link, "a", b"x")
     assert call.data() == b"x"
-    assert [link.health(5).tpu_busy for _ in range(3)] == ["busy?"] * 3
+    assert [_health(link, 5).tpu_busy for _ in range(3)] == ["busy?"] * 3
     link.close()
-    assert link.health(5) is None                          # closed: ask on gRPC
+    assert _health(link, 5) is None                          # closed: ask on gRPC
 
 
 def test_health_checks_asked_together_are_each_answered(peer):
@@ -126,7 +132,7 @@ def test_health_unanswered_in_time_is_none(peer):
     link = peer.link_with(lambda: time.sleep(2) or pb.HealthReply())
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="no answer within 0.3 s"):
-        link.health(0.3)
+        _health(link, 0.3)
     assert time.monotonic() - start < 1.5
     link.close()
 
@@ -135,7 +141,7 @@ def test_a_health_check_the_peer_cannot_answer_is_none_and_the_link_goes_on(peer
     def broken():
         raise OSError("no /proc here")
     link = peer.link_with(broken)
-    assert link.health(5) is None                          # (the gateway asks on gRPC)
+    assert _health(link, 5) is None                          # (the gateway asks on gRPC)
     call = _Call(link, "a", b"x")
     assert call.data() == b"x"
     link.close()
@@ -231,7 +237,7 @@ def test_a_health_answer_that_cannot_be_read_is_none(peer):
     _peer_side_send(link, (8).to_bytes(4, "big") + bytes((_peer_link.HEALTH_REPLY,))
                     + (1).to_bytes(4, "big") + b"\xff\xff\xff")
     assert wait(5) is None                                # (the gateway asks on gRPC)
-    assert link.health(5).tpu_busy == "late"              # and the link goes on
+    assert _health(link, 5).tpu_busy == "late"              # and the link goes on
     link.close()
 
 
@@ -291,7 +297,7 @@ def test_a_link_is_only_for_callers_with_the_token_and_its_ticket_opens_one(agen
     assert ticket.port == agents.data_ports[1]
     link = GatewayLink(agents.addresses[1],
                        _peer_link.connect(agents.addresses[1], ticket, 5), 10.0)
-    assert link.health(10).versions.remote_tpu == remote_tpu.__version__
+    assert _health(link, 10).versions.remote_tpu == remote_tpu.__version__
     again = data_wire.connect(agents.addresses[1], ticket.port, ticket.nonce)
     again.sendall(ticket.ticket)                       # the same ticket, once more:
     send_frame(again, _peer_link.HEALTH, bytes(4))
