@@ -362,11 +362,11 @@ def main() -> None:
         import jax  # noqa: F401 - while the first call is on its way (it does not take the TPU)
 
     # Likewise what every call needs: a spare's call then pays for none of it.
-    # (Reading the packages' metadata for ``versions`` alone took ~10 ms.)
-    from remote_tpu._core import data_paths, digests, serialization, versions  # noqa: F401
+    from remote_tpu._core import data_paths, local_modules, serialization, versions  # noqa: F401
     from remote_tpu_agent import _profile  # noqa: F401
 
-    versions.local_versions()
+    versions.local_versions()   # (reading the packages' metadata: ~10 ms)
+    local_modules.warm()        # (process 0 pickles its value with it: ~1.5 ms)
 
     frame = _order(control_fd, watch)
     _name_process("rtpu-worker")

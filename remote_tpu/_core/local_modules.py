@@ -24,8 +24,8 @@ def _installed_roots() -> tuple[frozenset[str], tuple[str, ...]]:
     (Asking importlib.metadata for every distribution would cost ~30 ms, in
     every worker too; an editable install counts as local, and travels by value.)"""
     names = frozenset(sys.stdlib_module_names) | frozenset(sys.builtin_module_names)
-    keys = ("stdlib", "platstdlib", "purelib", "platlib")
-    paths = {sysconfig.get_paths()[k] for k in keys}
+    installed = sysconfig.get_paths()
+    paths = {installed[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     try:
         paths |= set(site.getsitepackages()) | {site.getusersitepackages()}
     except AttributeError:      # some embedded interpreters lack these
@@ -79,6 +79,12 @@ def _local_roots() -> list[str]:
     local = [r for r in roots if (m := modules.get(r)) is not None and _is_local(r, m)]
     _roots_seen[:] = [signature, local]
     return local
+
+
+def warm() -> None:
+    """Work out now what the first dump would: a spare worker does, before
+    its call."""
+    _local_roots()
 
 
 class local_modules_by_value:
