@@ -17,6 +17,13 @@ Also the CPU each call costs the gateway (host 0's agent) and the whole
 machine. Here every host shares two cores, so a 64-host call takes about the
 whole machine's CPU per call over two; on a real slice each host has its own,
 and what grows with the host count is the gateway's share.
+
+Then the floor, the same sizes timed the same way (``_process_floor.py``):
+a relay process and a worker process per host passing 8 bytes on, nothing
+else. Any design whose hosts are processes on this machine does at least
+that much per host on the same two cores, so the floor's 64-host time bounds
+our 64-host time from below, and with it the ratio to our 4-host call
+(--no-floor skips it).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import psutil
 import remote_tpu
 from remote_tpu._core.topology import Topology
 from remote_tpu._local_slice import get_local_slice, stop_local_slices
+from _process_floor import floor
 from _quiet import wait_quiet
 
 
@@ -94,6 +102,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--sizes", default="tpu-v4-32,tpu-v4-128,tpu-v4-512")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip the floor (a relay and a worker process per host)")
     args = parser.parse_args()
     results = {}
     for accelerator in args.sizes.split(","):
@@ -107,6 +117,16 @@ def main() -> None:
         print(f"{'':18s} CPU per call: gateway cold {cold[1] * 1e3:5.0f} ms, warm "
               f"{warm[1] * 1e3:5.1f} ms; whole machine cold {cold[2] * 1e3:5.0f} ms, warm "
               f"{warm[2] * 1e3:5.1f} ms")
+    floors = {}
+    if not args.no_floor:
+        print("\nthe floor: a relay process and a worker process per host, nothing else "
+              "(benchmarks/_process_floor.py)", flush=True)
+        for accelerator in results:
+            hosts = Topology.parse(accelerator).hosts
+            cold, warm = floor(hosts, "cold", args.calls), floor(hosts, "warm", args.calls * 10)
+            floors[accelerator] = (cold, warm)
+            print(f"{accelerator:12s} {hosts:3d} hosts: cold {cold * 1e3:7.1f} ms, "
+                  f"warm {warm * 1e3:6.2f} ms", flush=True)
     names = list(results)
     if len(names) > 1:
         small, large = results[names[0]], results[names[-1]]
@@ -115,6 +135,16 @@ def main() -> None:
         print(f"  the gateway's CPU per call (what a real slice, each host on its own CPUs, "
               f"pays in one process): cold {large[0][1] / small[0][1]:.1f}x, warm "
               f"{large[1][1] / small[1][1]:.1f}x")
+        if floors:
+            low, high = floors[names[0]], floors[names[-1]]
+            added = Topology.parse(names[-1]).hosts - Topology.parse(names[0]).hosts
+            print(f"  the floor: cold {high[0] / low[0]:.1f}x, warm {high[1] / low[1]:.1f}x")
+            print(f"  each host past the first {Topology.parse(names[0]).hosts}, in ms: ours "
+                  f"cold {(large[0][0] - small[0][0]) / added * 1e3:.2f}, warm "
+                  f"{(large[1][0] - small[1][0]) / added * 1e3:.3f}; the floor's cold "
+                  f"{(high[0] - low[0]) / added * 1e3:.2f}, warm "
+                  f"{(high[1] - low[1]) / added * 1e3:.3f}; what 3x allows: cold "
+                  f"{2 * small[0][0] / added * 1e3:.2f}, warm {2 * small[1][0] / added * 1e3:.3f}")
 
 
 if __name__ == "__main__":
