@@ -181,17 +181,28 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
         if options.keep_warm and not target.local:
             _release_at_exit(target)
         status.phase("remote_tpu: waiting for the slice")
+        sent = [False]      # the call went out: Ctrl-C from here cancels it on the slice
+
+        def start(t: Target, lane: bool = True):
+            sent[0] = True
+            try:
+                return (lane and _on_lane(t, spec, payload)) or _start_run(t, spec, payload,
+                                                                          status)
+            except Exception:
+                sent[0] = False         # (not there: tried again, or given up)
+                raise
         try:
-            stream = target.call(lambda t: _on_lane(t, spec, payload) or _start_run(
-                t, spec, payload, status), retry=True)
+            stream = target.call(start, retry=True)
         except BlobsMissing:     # evicted since they were sent: they go inside this time
             payload = payload.inline()
             spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,
                          attempt, earlier)
             job_id = spec.job_id
-            stream = target.call(lambda t: _start_run(t, spec, payload, status), retry=True)
-    except BaseException:
+            stream = target.call(lambda t: start(t, lane=False), retry=True)
+    except BaseException as exc:
         status.close()           # refused or unreachable: the line goes with the call
+        if isinstance(exc, KeyboardInterrupt) and sent[0]:
+            _say_cancelled(options, job_id)     # (a warm call's first event is its end)
         raise
     label = "process" if options.processes_per_host > 1 else "host"
     renderer = OutputRenderer(options.stream, label, per_slice=(
@@ -205,10 +216,7 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
                            result_request(job_id), metadata=target.credentials.metadata))
     except KeyboardInterrupt:
         interrupted = True
-        if options.keep_warm:
-            print(f"remote_tpu: job {job_id} was cancelled on every host; the warm workers "
-                  "were stopped with it (remote_tpu.state is gone: the next call starts "
-                  "fresh)", file=sys.stderr, flush=True)
+        _say_cancelled(options, job_id)
         raise
     finally:
         if stream.lane is not None:
@@ -221,6 +229,13 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
             print(f"remote_tpu: every host's jax.profiler trace of job {job_id} is under "
                   f"{where}/host_*/plugins/profile/ (view them: tensorboard --logdir {where}, "
                   "or XProf)", file=sys.stderr, flush=True)
+
+
+def _say_cancelled(options: RunOptions, job_id: str) -> None:
+    if options.keep_warm:
+        print(f"remote_tpu: job {job_id} was cancelled on every host; the warm workers "
+              "were stopped with it (remote_tpu.state is gone: the next call starts "
+              "fresh)", file=sys.stderr, flush=True)
 
 
 _warm_targets: dict[tuple[str, Any], Target] = {}

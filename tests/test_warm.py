@@ -276,6 +276,8 @@ def test_ctrl_c_in_a_warm_call_stops_every_host_and_the_next_call_starts_fresh(s
     finally:
         out, err = _finish(proc)
     assert proc.returncode == 0, err
+    # Said, though the call had sent no event yet (Ctrl-C came while it started).
+    assert "the warm workers were stopped with it" in err, err
 
 
 def test_release_during_a_warm_call_lets_it_finish_then_ends_the_workers(slice_):
