@@ -290,6 +290,9 @@ def _check_exposure(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # Before any thread (each starts with its creator's mask): a parent that blocked
+    # them (`remote-tpu local` waits for them so) would leave the agent and its workers deaf.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
     if argv[:1] == ["token"]:
         return _token_main(argv[1:])
     if argv[:1] == ["install-service"]:

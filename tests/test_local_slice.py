@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
@@ -279,6 +280,38 @@ def test_agents_are_reused_across_calls():
     pids = [p.pid for p in first.procs]
     remote_tpu.run(**V4_16)(lambda: 1)()
     assert [p.pid for p in get_local_slice(topo).procs] == pids
+
+
+def _lives(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_the_agents_of_remote_tpu_local_and_their_workers_hear_sigterm():
+    """`remote-tpu local` waits for SIGINT/SIGTERM with both blocked: neither
+    its agents nor the user's code under them may inherit that."""
+    local = psutil.Popen([sys.executable, "-m", "remote_tpu", "local", "--accelerator",
+                          "tpu-v4-8"], stdout=subprocess.PIPE, text=True)
+    try:
+        env = dict(line.strip().split("=", 1) for line in
+                   (local.stdout.readline() for _ in range(3)) if line.startswith("REMOTE_"))
+
+        @remote_tpu.run(accelerator="tpu-v4-8", hosts=env["REMOTE_TPU_HOSTS"],
+                        token=env["REMOTE_TPU_TOKEN"], init_jax=False)
+        def blocked():
+            import signal
+            return sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+        assert blocked() == []
+        [agent] = local.children()
+        family = [agent, *agent.children(recursive=True)]      # its spare worker too
+        agent.send_signal(signal.SIGTERM)           # (`local` reaps it only as it stops)
+        assert wait_until(lambda: not any(_lives(p) for p in family), timeout=15)
+    finally:
+        local.send_signal(signal.SIGINT)
+        local.wait(15)
 
 
 def test_killed_client_leaves_no_agent_or_worker(tmp_path):
