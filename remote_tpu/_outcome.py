@@ -227,9 +227,9 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
             elif kind == "queued":
                 q = event.queued
                 ahead = (f"the warm workers of {q.queued_behind} (another caller's "
-                         "keep_warm; they stay until its process ends, they are idle for "
-                         "its keep_warm time, or `remote-tpu release --hosts "
-                         f"{gateway}` ends them)"
+                         "keep_warm; they end when its process exits, once idle for its "
+                         "keep_warm time (a process killed outright cannot end them "
+                         f"sooner), or by `remote-tpu release --hosts {gateway}`)"
                          if q.queued_behind.startswith("warm-") else f"job {q.queued_behind}")
                 print(f"remote_tpu: job {job_id} is queued behind {ahead} "
                       f"(position {q.queue_position}) on {accelerator}", file=sys.stderr,
