@@ -369,9 +369,9 @@ def main() -> None:
     local_modules.warm()        # (process 0 pickles its value with it: ~1.5 ms)
 
     frame = _order(control_fd, watch)
+    _worker_output.resume()     # (its flusher rests until the first call: ``buffer_output``)
     _name_process("rtpu-worker")
-    failure = None
-    initialized = False
+    failure, initialized = None, False
     while frame is not None:
         _, header, blob = frame
         warm = bool(header.get("warm"))

@@ -29,6 +29,9 @@ BUFFER_BYTES = 1 << 16
 
 
 _ours: list[io.TextIOWrapper] = []     # flushed even if the user replaces sys.stdout
+# Held while the flusher rests: a spare waiting for its first call prints
+# nothing, and 64 of them woke 20 times a second each for it.
+_gate = threading.Lock()
 
 
 def _stream(fd: int, like: io.TextIOBase | None, lines: bool) -> io.TextIOWrapper:
@@ -67,9 +70,11 @@ def _flush_forever() -> None:
     # Calls only C functions in its loop: this thread's Python frames never
     # change, so the stacks dump (faulthandler, from a signal, reading every
     # thread's frames as they are) never meets one half made or half gone.
-    sleep, interval, ours = time.sleep, FLUSH_SECONDS, _ours
+    sleep, interval, ours, gate = time.sleep, FLUSH_SECONDS, _ours, _gate
     while True:
         sleep(interval)
+        gate.acquire()
+        gate.release()
         for stream in (sys.stdout, sys.stderr, *ours):
             try:
                 stream.flush()
@@ -94,12 +99,22 @@ def buffer_output() -> None:
     _exit.__doc__ = real_exit.__doc__
     os._exit = _exit
     _start_flusher()
+    _gate.acquire()         # until the first call: ``resume``
     try:                # (once, before any call: a spare's first call need not)
         _c_fflush = ctypes.CDLL(None).fflush
     except Exception:  # noqa: BLE001
         pass
 
 
+def resume() -> None:
+    """Let the flusher go on (it rests from ``buffer_output`` on)."""
+    if _gate.locked():
+        _gate.release()
+
+
 def _start_flusher() -> None:
-    """(Also in a forked child, where the parent's thread does not exist.)"""
+    """(Also in a forked child, where the parent's thread does not exist, and
+    where the gate it copied may be held.)"""
+    global _gate
+    _gate = threading.Lock()
     threading.Thread(target=_flush_forever, daemon=True, name="remote-tpu-flush").start()
