@@ -17,9 +17,10 @@ calls then stay on gRPC, as they do for a call whose payload is not inline.
 
 The ``Run`` call stays the session's lifeline: ending it ends the peer's
 worker, as before, and cancellations go on it too. A lane that ends between
-calls costs nothing but itself (the next calls go on gRPC); one that ends
-while a call sent on it runs takes the peer as lost (whether the call got
-there cannot be known), and the session ends. A peer that cannot send an
+calls costs nothing but itself (the next call goes on gRPC, and the peer
+offers a new lane as it ends); one that ends while a call sent on it runs
+takes the peer as lost (whether the call got there cannot be known), and the
+session ends. A peer that cannot send an
 event on the lane sends it on the gRPC call instead. Each end's other end
 counts as gone after ``SILENCE_SECONDS`` of silence (``data_wire.keep_alive``).
 
@@ -82,6 +83,11 @@ class PeerLane:
     @property
     def open(self) -> bool:
         return self._sock is not None and not self._closed
+
+    @property
+    def ended(self) -> bool:
+        """It was open, and is no more."""
+        return self._sock is not None and self._closed
 
     def send(self, event: pb.Event) -> bool:
         """Send one event to the gateway; False once the lane is gone."""
@@ -159,6 +165,10 @@ class GatewayLane:
             log.info("no lane to %s (its calls stay on gRPC): %s", address, exc)
             return None
         return cls(sock, on_event, on_end, name, silence)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def send(self, kind: int, body: bytes = b"") -> bool:
         """Send a frame; False once the lane is gone (the call then goes on gRPC)."""

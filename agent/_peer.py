@@ -208,8 +208,10 @@ class PeerRole:
             data = next_spec.payload
             next_spec.ClearField("payload")       # (the worker checks its digest)
             begin(next_spec, data, True)
-        lane = PeerLane(lane_call, lambda: threading.Thread(target=run.cancel,
-                                                             daemon=True).start())
+        def new_lane() -> PeerLane:
+            return PeerLane(lane_call, lambda: threading.Thread(target=run.cancel,
+                                                                daemon=True).start())
+        lane = new_lane()
 
         def obey() -> None:
             try:
@@ -266,9 +268,11 @@ class PeerRole:
                 if event.HasField("done") or event.HasField("exited"):
                     report = event.done if event.HasField("done") else event.exited
                     report.notices.extend(outputs[0].finish())   # saved before it reports
-                if event.HasField("exited") and event.exited.warm and not on_lane[0] \
-                        and not lane.offered and (offer := lane.offer(self._host.data_port())):
-                    yield pb.Event(host=event.host, lane=offer)
+                if event.HasField("exited") and event.exited.warm and not on_lane[0]:
+                    if lane.ended:          # broke between calls (this one came on gRPC)
+                        lane = new_lane()
+                    if not lane.offered and (offer := lane.offer(self._host.data_port())):
+                        yield pb.Event(host=event.host, lane=offer)
                 if event.HasField("exited") and event.exited.warm:
                     # Before the gateway hears of it (and may send the next call):
                     self._host.blobs.unpin(pinned)      # its worker has them mapped

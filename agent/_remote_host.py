@@ -47,8 +47,7 @@ class RemoteHost:
         self._spec = spec
         self._payload = payload            # inline, or the path of its file
         self._emit = emit
-        # What to send next: a request, or the path of a payload to send in chunks
-        # (None: nothing more).
+        # Next to send: a request, or a payload file's path to send in chunks (None: no more).
         self._controls: queue.Queue[pb.RunRequest | str | None] = queue.Queue()
         self._closed = threading.Event()
         self._call: grpc.Future | _peer_link.LinkCall | None = None
@@ -65,10 +64,9 @@ class RemoteHost:
         """Check, before anything runs anywhere, that the peer answers, accepts
         our credentials and speaks our protocol. Returns what is wrong (or "")
         and whether it is permanent (refused: asking again cannot help, unlike
-        a peer that does not answer, as while its VM is preempted). Asked on
-        the open link to the peer (``ask``), else, or where that broke, on gRPC
-        (for 2 s only where the link was silent: ``ask``); a call that will go
-        on a link then opens one."""
+        a peer that does not answer, as while its VM is preempted). Asked on the
+        open link to the peer (``ask``), else, or where that broke, on gRPC (for
+        2 s only where the link was silent); a call that will go on a link then opens one."""
         if on_link and (wait := self.ask()) is not None and (verdict := wait()):
             return verdict
         try:
@@ -227,23 +225,27 @@ class RemoteHost:
         """Open the lane the peer offered (in the background: its worker has
         just parked, and the session's next call will use it if it is up)."""
         def connect() -> None:
+            mine: list[GatewayLane] = []      # (an earlier lane's end is no news)
             lane = GatewayLane.connect(self.address, ticket, self._relay_event,
-                                       self._lane_ended, name=f"lane{self.host}",
+                                       lambda why: self._lane_ended(why, mine),
+                                       name=f"lane{self.host}",
                                        silence=self._credentials.keepalive or SILENCE_SECONDS)
-            if lane is None:
-                return
-            with self._lock:
-                if not self._closed.is_set():
-                    self._lane, lane = lane, None
+            if lane is not None:
+                mine.append(lane)
+                with self._lock:          # (one that ended already said so to nobody)
+                    if not self._closed.is_set() and not lane.closed:
+                        self._lane, lane = lane, None
             if lane is not None:          # the session ended meanwhile
                 lane.close()
         threading.Thread(target=connect, daemon=True, name=f"lane{self.host}-open").start()
 
-    def _lane_ended(self, why: str) -> None:
-        """The lane is gone. Between calls that costs nothing but the lane (the
-        next calls go on gRPC); while a call sent on it runs, the peer is lost:
-        whether the call got there cannot be known, and the session ends."""
+    def _lane_ended(self, why: str, mine: list[GatewayLane]) -> None:
+        """The lane is gone: between calls, only the lane (the next call goes on
+        gRPC, and the peer offers another); while a call sent on it runs, the
+        peer is lost (whether the call got there cannot be known): the session ends."""
         with self._lock:
+            if not mine or self._lane is not mine[0]:
+                return
             self._lane = None
             lost = self._on_lane and bool(why)
         if not why:

@@ -4,10 +4,8 @@ the peer's data port. The module on a real data port; then two real agents."""
 
 from __future__ import annotations
 
-import os
 import queue
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -16,7 +14,6 @@ import psutil
 import pytest
 
 import remote_tpu
-from remote_tpu._core import data_wire
 from remote_tpu._core.limits import INLINE_BYTES, MAX_MESSAGE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent._data_port import DataPort
@@ -246,6 +243,21 @@ def test_a_lane_cut_between_calls_costs_only_the_lane(slice_):
     _cut_lane(slice_)
     again = step()                                   # on gRPC: same workers, same state
     assert again["counts"] == [2, 2] and again["pids"] == pids
+
+
+@pytest.mark.slow
+def test_a_lane_cut_between_calls_is_offered_again(slice_):
+    step = _on(slice_)(_count)
+    pids = step()["pids"]
+    assert wait_until(lambda: _lane_open(slice_), timeout=10)
+    _cut_lane(slice_)
+    assert step()["counts"] == [2, 2]                 # on gRPC; the peer offers a new lane
+    assert wait_until(lambda: _lane_open(slice_), timeout=10)
+    _cut_lane(slice_)                                 # and that one is the session's lane:
+    again = step()                                    # cut, it costs only itself again
+    assert again["counts"] == [3, 3] and again["pids"] == pids
+    assert wait_until(lambda: _lane_open(slice_), timeout=10)
+    assert step()["counts"] == [4, 4]
 
 
 @pytest.mark.slow
