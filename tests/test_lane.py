@@ -236,26 +236,14 @@ def test_warm_calls_go_on_the_lane_with_their_output_and_large_payloads(slice_, 
 
 
 @pytest.mark.slow
-def test_a_lane_cut_between_calls_costs_only_the_lane(slice_):
+def test_a_lane_cut_between_calls_costs_only_the_lane_and_is_offered_again(slice_):
     step = _on(slice_)(_count)
     pids = step()["pids"]
-    assert wait_until(lambda: _lane_open(slice_), timeout=10)
-    _cut_lane(slice_)
-    again = step()                                   # on gRPC: same workers, same state
-    assert again["counts"] == [2, 2] and again["pids"] == pids
-
-
-@pytest.mark.slow
-def test_a_lane_cut_between_calls_is_offered_again(slice_):
-    step = _on(slice_)(_count)
-    pids = step()["pids"]
-    assert wait_until(lambda: _lane_open(slice_), timeout=10)
-    _cut_lane(slice_)
-    assert step()["counts"] == [2, 2]                 # on gRPC; the peer offers a new lane
-    assert wait_until(lambda: _lane_open(slice_), timeout=10)
-    _cut_lane(slice_)                                 # and that one is the session's lane:
-    again = step()                                    # cut, it costs only itself again
-    assert again["counts"] == [3, 3] and again["pids"] == pids
+    for count in (2, 3):
+        assert wait_until(lambda: _lane_open(slice_), timeout=10)
+        _cut_lane(slice_)
+        again = step()          # on gRPC: same workers, same state; then a new lane
+        assert again["counts"] == [count, count] and again["pids"] == pids
     assert wait_until(lambda: _lane_open(slice_), timeout=10)
     assert step()["counts"] == [4, 4]
 
