@@ -59,7 +59,10 @@ while True:
         worker = start()
         continue
     os.write(worker.stdin.fileno(), call)
-    gateway.sendall(os.read(worker.stdout.fileno(), 64))
+    answer = os.read(worker.stdout.fileno(), 64)
+    if not answer:               # the worker died: the gateway sees this relay end
+        break
+    gateway.sendall(answer)
 worker.kill()
 """
 
@@ -89,7 +92,11 @@ def floor(hosts: int, mode: str, calls: int) -> float:
                 conn.sendall(b"call%04d" % (n % 10000))
             left = hosts
             while left:
-                for key, _ in selector.select(timeout=30):
+                ready = selector.select(timeout=30)
+                if not ready:
+                    raise RuntimeError(f"{left} of the floor's {hosts} hosts did not "
+                                       "answer within 30 s")
+                for key, _ in ready:
                     if not key.fileobj.recv(64):
                         raise RuntimeError("a relay of the floor ended")
                     left -= 1

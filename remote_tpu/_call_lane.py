@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -90,10 +90,11 @@ def _take(key) -> socket.socket | None:
     return entry[1]
 
 
-def start(gateway: str, credentials, request: pb.RunRequest) -> LaneStream | None:
-    """Send a call on this process's lane to ``gateway``, up to its first event;
-    None when it must go on gRPC instead (no lane, or it could not take the
-    call). LaneError: the gateway refused the call."""
+def start(gateway: str, credentials, request: pb.RunRequest,
+          on_sent: Callable[[], None] = lambda: None) -> LaneStream | None:
+    """Send a call on this process's lane to ``gateway`` (then ``on_sent``), up
+    to its first event; None when it must go on gRPC instead (no lane, or it
+    could not take the call). LaneError: the gateway refused the call."""
     key = (gateway, credentials)
     sock = _take(key)
     if sock is None:
@@ -101,6 +102,7 @@ def start(gateway: str, credentials, request: pb.RunRequest) -> LaneStream | Non
     stream = LaneStream(key, sock)
     try:
         send_frame(sock, CALL, request.SerializeToString())
+        on_sent()
         first = stream.next_event()
     except LaneError:
         _put(key, sock)                # (the lane goes on: the refusal was its answer)

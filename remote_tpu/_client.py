@@ -10,7 +10,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -181,15 +181,20 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
         if options.keep_warm and not target.local:
             _release_at_exit(target)
         status.phase("remote_tpu: waiting for the slice")
-        sent = [False]      # the call went out: Ctrl-C from here cancels it on the slice
+        # Whether Ctrl-C from here cancels the call on the slice: "surely" once it
+        # went on the lane to the gateway, "maybe" while gRPC waits for its first event.
+        sent = [""]
 
         def start(t: Target, lane: bool = True):
-            sent[0] = True
             try:
-                return (lane and _on_lane(t, spec, payload)) or _start_run(t, spec, payload,
-                                                                          status)
+                sent[0] = "maybe"
+                if lane and (on_lane := _on_lane(t, spec, payload,
+                                                 lambda: sent.__setitem__(0, "surely"))):
+                    return on_lane
+                sent[0] = "maybe"
+                return _start_run(t, spec, payload, status)
             except Exception:
-                sent[0] = False         # (not there: tried again, or given up)
+                sent[0] = ""            # (not there: tried again, or given up)
                 raise
         try:
             stream = target.call(start, retry=True)
@@ -202,8 +207,8 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
     except BaseException as exc:
         status.close()           # refused or unreachable: the line goes with the call
         if isinstance(exc, KeyboardInterrupt) and sent[0]:
-            _say_cancelled(options, job_id)     # (a warm call's first event is its end)
-        raise
+            _say_cancelled(options, job_id, surely=sent[0] == "surely")   # (a warm call's
+        raise                                                  # first event can be its end)
     label = "process" if options.processes_per_host > 1 else "host"
     renderer = OutputRenderer(options.stream, label, per_slice=(
         options.topology.hosts * options.processes_per_host if options.num_slices > 1 else 0))
@@ -231,11 +236,16 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
                   "or XProf)", file=sys.stderr, flush=True)
 
 
-def _say_cancelled(options: RunOptions, job_id: str) -> None:
-    if options.keep_warm:
+def _say_cancelled(options: RunOptions, job_id: str, surely: bool = True) -> None:
+    if options.keep_warm and surely:
         print(f"remote_tpu: job {job_id} was cancelled on every host; the warm workers "
               "were stopped with it (remote_tpu.state is gone: the next call starts "
               "fresh)", file=sys.stderr, flush=True)
+    elif options.keep_warm:
+        print(f"remote_tpu: job {job_id} was interrupted before the slice answered: if it "
+              "had reached it, it was cancelled on every host and the warm workers were "
+              "stopped with it (remote_tpu.state is then gone: the next call starts fresh)",
+              file=sys.stderr, flush=True)
 
 
 _warm_targets: dict[tuple[str, Any], Target] = {}
@@ -259,12 +269,14 @@ def _release_all() -> None:
             pass                    # its idle time ends them all the same
 
 
-def _on_lane(target: Target, spec: pb.JobSpec, payload: Payload):
+def _on_lane(target: Target, spec: pb.JobSpec, payload: Payload,
+             on_sent: Callable[[], None]):
     """The call sent on this process's lane to its gateway, up to its first
     event; None where it goes on gRPC (``_call_lane``)."""
     if not spec.offer_lane or payload.nbytes > INLINE_BYTES:
         return None
-    return call_lane.start(target.gateway, target.credentials, next(_requests(spec, payload)))
+    return call_lane.start(target.gateway, target.credentials, next(_requests(spec, payload)),
+                           on_sent)
 
 
 class _LaneOffers:

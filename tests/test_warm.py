@@ -4,6 +4,7 @@ with real multi-process JAX on CPU."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -277,7 +278,37 @@ def test_ctrl_c_in_a_warm_call_stops_every_host_and_the_next_call_starts_fresh(s
         out, err = _finish(proc)
     assert proc.returncode == 0, err
     # Said, though the call had sent no event yet (Ctrl-C came while it started).
-    assert "the warm workers were stopped with it" in err, err
+    assert "was cancelled on every host; the warm workers were stopped with it" in err, err
+
+
+def test_ctrl_c_before_the_gateway_answers_does_not_say_the_warm_workers_stopped():
+    """A gateway that takes the connection and says nothing (a stuck VM): had
+    the call reached it, it was cancelled; that cannot be known, and is said so."""
+    from remote_tpu._core.auth import new_token
+
+    mute = socket.create_server(("127.0.0.1", 0))
+    code = ("import remote_tpu\n"
+            f"@remote_tpu.run(accelerator='tpu-v4-16', hosts='127.0.0.1:{mute.getsockname()[1]}',"
+            f" token={new_token()!r}, keep_warm=60)\n"
+            "def f():\n"
+            "    return 1\n"
+            "print('calling', flush=True)\n"
+            "try:\n"
+            "    f()\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == "calling"
+        time.sleep(1.5)
+        proc.send_signal(__import__("signal").SIGINT)
+        assert proc.stdout.readline().strip() == "interrupted"
+    finally:
+        out, err = _finish(proc, timeout=30)
+        mute.close()
+    assert "interrupted before the slice answered" in err, err
+    assert "was cancelled on every host; the warm workers were stopped" not in err, err
 
 
 def test_release_during_a_warm_call_lets_it_finish_then_ends_the_workers(slice_):
