@@ -150,7 +150,8 @@ def hosts_for(spec: pb.JobSpec, found: Slice, endpoint: str) -> list[str]:
             topology.check_host_count(
                 hosts, f"the slice behind the agent at {endpoint}",
                 "Use the accelerator this slice really is (`remote-tpu-agent --print-slice` "
-                "on a host shows what its agent found: its --peers, or its metadata).")
+                "on a host shows what its agent found: its --peers, or its metadata), or "
+                "give hosts= every host's address, worker 0 first.")
     except ConfigurationError as exc:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "config", str(exc)) from None
     return hosts

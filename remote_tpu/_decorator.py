@@ -117,8 +117,8 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         (``REMOTE_TPU_ACCELERATOR``).
     hosts: ``"local"`` (a simulated slice on this machine), one agent address
         ``"ip[:port]"`` (the gateway, which knows its peers), or a list of every
-        host's agent address, first = gateway (``REMOTE_TPU_HOSTS``, comma
-        separated; default ``"local"``).
+        host's agent address, first = gateway, or the same as one string, comma
+        separated (``REMOTE_TPU_HOSTS``; default ``"local"``).
     timeout: seconds before the job is stopped on every host (``REMOTE_TPU_TIMEOUT``).
     stream: ``"leader"`` (process 0's output, the default), ``"all"`` (every host,
         prefixed ``[host i]``) or ``"none"`` (``REMOTE_TPU_STREAM``).

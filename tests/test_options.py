@@ -66,6 +66,9 @@ def test_addresses_get_the_default_port():
     assert f.options.hosts.entries == ("10.0.0.1:8475", "[::1]:9000")
     g = remote_tpu.run(accelerator="tpu-v5p-32", hosts="10.0.0.2")(len)
     assert g.options.hosts.entries == ("10.0.0.2:8475",)
+    # One string, comma-separated, as `remote-tpu local` prints REMOTE_TPU_HOSTS:
+    h = remote_tpu.run(accelerator="tpu-v4-16", hosts="10.0.0.1, [::1]:9000,")(len)
+    assert h.options.hosts.entries == ("10.0.0.1:8475", "[::1]:9000")
 
 
 def test_environment_is_the_fallback_and_arguments_win(monkeypatch):

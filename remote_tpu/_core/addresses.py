@@ -2,9 +2,10 @@
 
 ``hosts`` is ``"local"`` (a simulated slice on this machine), one agent address
 (the gateway, or any agent of the slice: it redirects to worker 0), a list of
-every host's address (first = gateway), or ``"tpu://NAME?zone=..."`` (resolved
-through the Cloud TPU API when a call is made); ``None`` reads
-``$REMOTE_TPU_HOSTS`` (comma separated), and defaults to ``"local"``.
+every host's address (first = gateway; also as one comma-separated string), or
+``"tpu://NAME?zone=..."`` (resolved through the Cloud TPU API when a call is
+made); ``None`` reads ``$REMOTE_TPU_HOSTS`` (comma separated), and defaults to
+``"local"``.
 """
 
 from __future__ import annotations
@@ -131,8 +132,8 @@ def parse_hosts(hosts: str | Sequence[str] | None) -> Hosts:
         if ";" in hosts:        # several slices (num_slices=): their gateway is slice 0's
             hosts = hosts.split(";")[0]
             source = f"{HOSTS_ENV} (slice 0 of its ';'-separated slices)"
-        if "," in hosts:
-            hosts = [h for h in hosts.split(",") if h.strip()]
+    if isinstance(hosts, str) and "," in hosts:      # as `remote-tpu local` prints them
+        hosts = [h for h in hosts.split(",") if h.strip()]
     if isinstance(hosts, str):
         if hosts.strip().lower() == LOCAL:
             return Hosts((LOCAL,), source)
