@@ -69,6 +69,9 @@ def test_addresses_get_the_default_port():
     # One string, comma-separated, as `remote-tpu local` prints REMOTE_TPU_HOSTS:
     h = remote_tpu.run(accelerator="tpu-v4-16", hosts="10.0.0.1, [::1]:9000,")(len)
     assert h.options.hosts.entries == ("10.0.0.1:8475", "[::1]:9000")
+    for odd in ("local,10.0.0.1", ["10.0.0.1", "tpu://v4?zone=z"]):
+        with pytest.raises(ConfigurationError, match="among other hosts: give it alone"):
+            remote_tpu.run(accelerator="tpu-v4-16", hosts=odd)
 
 
 def test_environment_is_the_fallback_and_arguments_win(monkeypatch):

@@ -132,8 +132,8 @@ def parse_hosts(hosts: str | Sequence[str] | None) -> Hosts:
         if ";" in hosts:        # several slices (num_slices=): their gateway is slice 0's
             hosts = hosts.split(";")[0]
             source = f"{HOSTS_ENV} (slice 0 of its ';'-separated slices)"
-    if isinstance(hosts, str) and "," in hosts:      # as `remote-tpu local` prints them
-        hosts = [h for h in hosts.split(",") if h.strip()]
+    if isinstance(hosts, str) and "," in hosts and not hosts.startswith(TPU_SCHEME):
+        hosts = [h for h in hosts.split(",") if h.strip()]   # as `remote-tpu local` says
     if isinstance(hosts, str):
         if hosts.strip().lower() == LOCAL:
             return Hosts((LOCAL,), source)
@@ -145,6 +145,12 @@ def parse_hosts(hosts: str | Sequence[str] | None) -> Hosts:
         raise ConfigurationError(
             f"{source} must be 'local', an address 'ip[:port]', 'tpu://NAME?zone=...' or "
             f"a non-empty list of addresses (first = gateway); got {hosts!r}")
+    odd = [h for h in hosts if isinstance(h, str) and
+           (h.strip().lower() == LOCAL or h.startswith(TPU_SCHEME))]
+    if odd:
+        raise ConfigurationError(
+            f"{source} lists {odd[0]!r} among other hosts: give it alone, or list agent "
+            "addresses only")
     addresses = tuple(normalize_address(h) for h in hosts)
     if len(set(addresses)) != len(addresses):
         raise ConfigurationError(f"{source} lists an address twice: {', '.join(addresses)}")
