@@ -174,6 +174,9 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
     target = _target(options)
     status = LiveStatus(processes=options.topology.hosts * options.num_slices *
                         options.processes_per_host, jax=options.init_jax)
+    # Whether Ctrl-C cancels the call on the slice: "surely" once it went on
+    # the lane to the gateway, "maybe" while gRPC waits for its first event.
+    sent = [""]
     try:
         payload, refs = _with_blobs(target, payload, status)
         spec = _spec(options, payload, job_id, target, attempt, earlier)
@@ -181,9 +184,6 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
         if options.keep_warm and not target.local:
             _release_at_exit(target)
         status.phase("remote_tpu: waiting for the slice")
-        # Whether Ctrl-C from here cancels the call on the slice: "surely" once it
-        # went on the lane to the gateway, "maybe" while gRPC waits for its first event.
-        sent = [""]
 
         def start(t: Target, lane: bool = True):
             try:

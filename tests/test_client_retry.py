@@ -215,3 +215,18 @@ def test_a_tunnel_that_accepts_and_closes_while_its_agent_is_down_is_retried(tmp
     finally:
         agent.stop()
     assert capsys.readouterr().err.count(NOTICE) == 1
+
+
+def test_ctrl_c_before_the_call_is_sent_is_the_keyboard_interrupt(monkeypatch, capsys):
+    """Ctrl-C while the arguments are still being prepared (their buffers
+    uploaded): nothing was sent, so nothing is said of the slice."""
+    from remote_tpu import _client
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(_client, "_with_blobs", interrupted)
+    f = remote_tpu.run(accelerator="tpu-v4-8", hosts=f"127.0.0.1:{free_port()}",
+                       token=new_token(), keep_warm=30)(lambda: 1)
+    with pytest.raises(KeyboardInterrupt):
+        f()
+    assert "remote_tpu: job" not in capsys.readouterr().err

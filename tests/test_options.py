@@ -69,9 +69,14 @@ def test_addresses_get_the_default_port():
     # One string, comma-separated, as `remote-tpu local` prints REMOTE_TPU_HOSTS:
     h = remote_tpu.run(accelerator="tpu-v4-16", hosts="10.0.0.1, [::1]:9000,")(len)
     assert h.options.hosts.entries == ("10.0.0.1:8475", "[::1]:9000")
-    for odd in ("local,10.0.0.1", ["10.0.0.1", "tpu://v4?zone=z"]):
+    for odd in ("local,10.0.0.1", ["10.0.0.1", "tpu://v4?zone=z"], "tpu://v4?zone=z,10.0.0.1"):
         with pytest.raises(ConfigurationError, match="among other hosts: give it alone"):
             remote_tpu.run(accelerator="tpu-v4-16", hosts=odd)
+    for alone in (["local"], " LOCAL,", ["tpu://v4?zone=z"], " tpu://v4?zone=z"):
+        assert remote_tpu.run(accelerator="tpu-v4-16", hosts=alone)(len).options.hosts.entries \
+            in {("local",), ("tpu://v4?zone=z",)}
+    with pytest.raises(ConfigurationError, match="got b'10.0.0.1'"):
+        remote_tpu.run(accelerator="tpu-v4-16", hosts=b"10.0.0.1")
 
 
 def test_environment_is_the_fallback_and_arguments_win(monkeypatch):

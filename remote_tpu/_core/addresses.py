@@ -132,16 +132,19 @@ def parse_hosts(hosts: str | Sequence[str] | None) -> Hosts:
         if ";" in hosts:        # several slices (num_slices=): their gateway is slice 0's
             hosts = hosts.split(";")[0]
             source = f"{HOSTS_ENV} (slice 0 of its ';'-separated slices)"
-    if isinstance(hosts, str) and "," in hosts and not hosts.startswith(TPU_SCHEME):
-        hosts = [h for h in hosts.split(",") if h.strip()]   # as `remote-tpu local` says
+    if isinstance(hosts, str) and "," in hosts:          # as `remote-tpu local` prints them
+        hosts = [h for h in hosts.split(",") if h.strip()]
+    if isinstance(hosts, list | tuple) and len(hosts) == 1 and isinstance(hosts[0], str):
+        hosts = hosts[0]                                # (one entry: as if given alone)
     if isinstance(hosts, str):
-        if hosts.strip().lower() == LOCAL:
+        hosts = hosts.strip()
+        if hosts.lower() == LOCAL:
             return Hosts((LOCAL,), source)
         if hosts.startswith(TPU_SCHEME):
             TpuRef.parse(hosts)          # resolved when a call is made, checked now
             return Hosts((hosts,), source)
         return Hosts((normalize_address(hosts),), source)
-    if not isinstance(hosts, Sequence) or not hosts:
+    if not isinstance(hosts, Sequence) or isinstance(hosts, bytes | bytearray) or not hosts:
         raise ConfigurationError(
             f"{source} must be 'local', an address 'ip[:port]', 'tpu://NAME?zone=...' or "
             f"a non-empty list of addresses (first = gateway); got {hosts!r}")
