@@ -247,6 +247,15 @@ def test_keep_warm_is_checked_when_decorating(monkeypatch):
         lambda: 0).options.keep_warm == 0.0
 
 
+def _interruptible(head: str, call: str, then: str = "") -> subprocess.Popen:
+    """A caller that runs ``head``, prints 'calling', makes ``call``, prints
+    'interrupted' on Ctrl-C, then runs ``then``."""
+    code = (f"{head}try:\n    print('calling', flush=True)\n    {call}\n"
+            f"except KeyboardInterrupt:\n    print('interrupted', flush=True)\n{then}")
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
 def test_ctrl_c_in_a_warm_call_stops_every_host_and_the_next_call_starts_fresh(slice_):
     code = ("import os, sys, time, remote_tpu\n"
             f"@remote_tpu.run(accelerator='tpu-v4-16', hosts={slice_.addresses[0]!r}, "
@@ -255,15 +264,8 @@ def test_ctrl_c_in_a_warm_call_stops_every_host_and_the_next_call_starts_fresh(s
             "    remote_tpu.state['n'] = remote_tpu.state.get('n', 0) + 1\n"
             "    time.sleep(sleep)\n"
             "    return remote_tpu.state['n']\n"
-            "print('first', step(0), flush=True)\n"
-            "try:\n"
-            "    print('calling', flush=True)\n"
-            "    step(300)\n"
-            "except KeyboardInterrupt:\n"
-            "    print('interrupted', flush=True)\n"
-            "print('next', step(0), flush=True)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            "print('first', step(0), flush=True)\n")
+    proc = _interruptible(code, "step(300)", then="print('next', step(0), flush=True)\n")
     try:
         assert proc.stdout.readline().strip() == "first 1"
         workers = _workers(slice_)
@@ -291,14 +293,8 @@ def test_ctrl_c_before_the_gateway_answers_does_not_say_the_warm_workers_stopped
             f"@remote_tpu.run(accelerator='tpu-v4-16', hosts='127.0.0.1:{mute.getsockname()[1]}',"
             f" token={new_token()!r}, keep_warm=60)\n"
             "def f():\n"
-            "    return 1\n"
-            "print('calling', flush=True)\n"
-            "try:\n"
-            "    f()\n"
-            "except KeyboardInterrupt:\n"
-            "    print('interrupted', flush=True)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            "    return 1\n")
+    proc = _interruptible(code, "f()")
     try:
         assert proc.stdout.readline().strip() == "calling"
         time.sleep(1.5)
