@@ -211,10 +211,7 @@ class CallLane:
                 self._gone = True
             self._calls.put(None)
             self._cancel()             # a caller that went away: as on gRPC
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            data_wire.shut(sock)
             runner.join()
         return b""
 

@@ -20,9 +20,9 @@ worker, as before, and cancellations go on it too. A lane that ends between
 calls costs nothing but itself (the next call goes on gRPC, and the peer
 offers a new lane as it ends); one that ends while a call sent on it runs
 takes the peer as lost (whether the call got there cannot be known), and the
-session ends. A peer that cannot send an
-event on the lane sends it on the gRPC call instead. Each end's other end
-counts as gone after ``SILENCE_SECONDS`` of silence (``data_wire.keep_alive``).
+session ends. A peer that cannot send an event on the lane sends it on the
+gRPC call instead. Each end's other end counts as gone after
+``SILENCE_SECONDS`` of silence (``data_wire.keep_alive``).
 
 Frames, both ways: a 4-byte big-endian length, then one byte of kind and the
 body (a serialized protobuf message).
@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable
 
 from remote_tpu._core import data_wire
-from remote_tpu._core.data_wire import read_frame, send_frame
+from remote_tpu._core.data_wire import read_frame, send_frame, shut
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -47,13 +47,6 @@ EVENT = 3         # peer -> gateway: an Event of the call
 
 
 SILENCE_SECONDS = 10.0
-
-
-def shut(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)        # wakes a thread blocked in recv or send
-    except OSError:
-        pass
 
 
 class PeerLane:
@@ -158,9 +151,7 @@ class GatewayLane:
                 name: str, silence: float = SILENCE_SECONDS) -> GatewayLane | None:
         """Open the lane a peer offered; None when its data port cannot be used."""
         try:
-            sock = data_wire.connect(address, ticket.port, ticket.nonce)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.sendall(ticket.ticket)
+            sock = data_wire.open_lane(address, ticket)
         except (data_wire.Unreachable, OSError) as exc:
             log.info("no lane to %s (its calls stay on gRPC): %s", address, exc)
             return None

@@ -51,10 +51,9 @@ import grpc
 
 from remote_tpu._core import data_wire
 from remote_tpu._core.channels import Credentials, stub
-from remote_tpu._core.data_wire import LaneError, read_frame, send_frame
+from remote_tpu._core.data_wire import LaneError, read_frame, send_frame, shut
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
-from ._lane import shut
 
 log = logging.getLogger(__name__)
 
@@ -304,10 +303,8 @@ def connect(address: str, ticket: pb.DataTicket, within: float) -> socket.socket
     """A link's connection, the peer's data port let in by ``ticket``, once
     the peer says it serves it (within ``within`` seconds; it refuses one
     when its lanes are full). OSError, data_wire.Unreachable."""
-    sock = data_wire.connect(address, ticket.port, ticket.nonce)
+    sock = data_wire.open_lane(address, ticket)
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(ticket.ticket)
         sock.settimeout(within)
         frame = read_frame(sock)
         if frame is None or frame[0] != LINKED:

@@ -14,11 +14,10 @@ from collections.abc import Callable, Iterator
 import grpc
 
 from remote_tpu._core import data_wire
-from remote_tpu._core.data_wire import LaneError, read_frame, send_frame
+from remote_tpu._core.data_wire import LaneError, read_frame, send_frame, shut
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from ._call_lane import LaneContext, serve_call
-from ._lane import shut
 from ._peer_link import (CALL, CANCEL, ERROR, HEALTH, HEALTH_REPLY, ID_BYTES, LINKED,
                          REQUEST, SILENCE_SECONDS, split_id)
 

@@ -84,9 +84,9 @@ class RemoteHost:
     def ask(self) -> Callable[[], tuple[str, bool] | None] | None:
         """``preflight`` begun on the open link to the peer (None: there is
         none); a function that waits for the verdict (5 s from now at most),
-        None if none came (ask with ``preflight(False)``). A
-        link silent that long is closed, not trusted with the call: the peer
-        is stuck, or the network drops only its data port."""
+        None if none came (ask with ``preflight(False)``). A link silent that
+        long is closed, not trusted with the call: the peer is stuck, or the
+        network drops only its data port."""
         link = _peer_link.existing(self.address)
         wait = link.ask_health() if link is not None else None
         if link is None or wait is None:

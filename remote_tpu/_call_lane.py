@@ -55,9 +55,7 @@ def opened(gateway: str, credentials, ticket: pb.DataTicket) -> None:
     if not ticket.port or not data_wire.worth_trying(gateway, credentials):
         return
     try:
-        sock = data_wire.connect(gateway, ticket.port, ticket.nonce)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(ticket.ticket)
+        sock = data_wire.open_lane(gateway, ticket)
         sock.settimeout(None)
         data_wire.keep_alive(sock, SILENCE_SECONDS)
     except (data_wire.Unreachable, OSError):
@@ -175,8 +173,5 @@ class LaneStream:
         """End the lane: the gateway cancels the call on it (a forked child's
         copy of the socket must not keep it open)."""
         self._over = False
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        data_wire.shut(self._sock)
         self._sock.close()

@@ -110,6 +110,28 @@ def _connect(host: str, port: int, nonce: bytes, io_timeout: float | None) -> so
     return sock
 
 
+def open_lane(address: str, ticket: pb.DataTicket) -> socket.socket:
+    """A connection that carries frames both ways (a lane, a link): the data
+    port of the agent at ``address``, let in by ``ticket``, without Nagle's
+    delay. Unreachable, OSError."""
+    sock = connect(address, ticket.port, ticket.nonce)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(ticket.ticket)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def shut(sock: socket.socket) -> None:
+    """Shut both ways: wakes a thread blocked in recv or send on it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
 def put_blob(stub, address: str, credentials, request: pb.BlobChunk,
              write: Callable[[socket.socket], None]) -> pb.BlobStored | None:
     """Send one buffer to the agent at ``address`` over its data port:
