@@ -311,8 +311,7 @@ def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
             raise _serialization.SerializationError(
                 "the payload on this host does not match the digest the client sent; "
                 "nothing was unpickled")
-        fn, args, kwargs = _serialization.loads(data, what="function and arguments",
-                                                external=_map_blobs(header))
+        fn, args, kwargs = _serialization.loads_call(data, external=_map_blobs(header))
         del data
         phase = "running the function"
         from remote_tpu_agent import _profile

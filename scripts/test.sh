@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole test suite (pytest), slow multi-process tests included.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
+# REMOTE_TPU_DEPS=newest (or oldest) runs it against other versions of the
+# dependencies, in a virtual environment of their own (scripts/_bootstrap.sh).
 source "$(dirname "$0")/_bootstrap.sh"
-exec .venv/bin/python -m pytest -q --durations=15 "$@"
+exec "$VENV/bin/python" -m pytest -q --durations=15 "$@"

@@ -25,7 +25,7 @@ def _load_elsewhere(payload: ser.Payload, tmp_path, expr: str) -> str:
     empty.mkdir()
     code = textwrap.dedent(f"""
         from remote_tpu._core import serialization as ser
-        fn, args, kwargs = ser.loads(open({str(blob)!r}, 'rb').read())
+        fn, args, kwargs = ser.loads_call(open({str(blob)!r}, 'rb').read())
         print(repr({expr}))
     """)
     proc = run_python(code, cwd=str(empty))

@@ -34,6 +34,12 @@ def _installed_roots() -> tuple[frozenset[str], tuple[str, ...]]:
     return names, tuple(sorted(paths))
 
 
+def installed_file(path: str) -> bool:
+    """Whether ``path`` is a file of the standard library or of an installed
+    distribution (which every host has), by where it lies."""
+    return path.startswith(_installed_roots()[1])
+
+
 _local_seen: dict[str, tuple[types.ModuleType, bool]] = {}    # name: (module, answer)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import io
 import json
+import marshal
 import pickle
 import struct
 import types
@@ -33,6 +34,7 @@ from . import digests
 from .exceptions import SerializationError
 from .limits import CHUNK_SIZE
 from .local_modules import local_modules_by_value
+from .user_source import SOURCES, Sources
 from .versions import check_compatible, local_versions
 
 MAGIC = b"RTPU"
@@ -99,6 +101,37 @@ def _envelope(kind: str, pickled: bytes, buffers: list[pickle.PickleBuffer],
                    [raws[i] for i in external])
 
 
+_BASE_TABLE = cloudpickle.Pickler.dispatch_table
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle's pickler, with each code object sent whole (``marshal``):
+    its file name and line table as the user's own, which cloudpickle 3.1.3
+    and later replace by ``<dynamic-code>`` (a remote frame then names no
+    file and shows no line). The files of the code it sends by value are
+    noted, and :data:`user_source.SOURCES` pickles as their text, so that a
+    host without them still shows their lines."""
+
+    def __init__(self, file: io.BytesIO, buffer_callback: Callable) -> None:
+        self.code_files: set[str] = set()
+        # One flat dict (cloudpickle's is a ChainMap: a Python call for every
+        # object looked up), read by the C pickler as it is initialized.
+        table: dict = {}
+        for reducers in reversed(getattr(_BASE_TABLE, "maps", [_BASE_TABLE])):
+            table.update(reducers)
+        table[types.CodeType] = self._reduce_code
+        table[Sources] = self._reduce_sources
+        self.dispatch_table = table
+        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
+
+    def _reduce_code(self, code: types.CodeType) -> tuple:
+        self.code_files.add(code.co_filename)
+        return marshal.loads, (marshal.dumps(code),)
+
+    def _reduce_sources(self, _marker: Sources) -> tuple:
+        return Sources.of(self.code_files).__reduce__()
+
+
 def _pickle(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     buffers: list[pickle.PickleBuffer] = []
 
@@ -108,8 +141,9 @@ def _pickle(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
         buffers.append(buf)
         return False
 
-    data = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep_out_of_band)
-    return data, buffers
+    with io.BytesIO() as file:
+        _Pickler(file, keep_out_of_band).dump(obj)
+        return file.getvalue(), buffers
 
 
 def dumps(obj: Any, *, what: str = "value", kind: str = "value") -> Payload:
@@ -133,7 +167,8 @@ def dumps_call(fn: Any, args: tuple, kwargs: dict, blob_min: int | None = None) 
         raise TypeError(f"{_name(fn)}(): {exc}") from None
     except ValueError:      # no signature (some builtins): nothing to check
         bound = None
-    call = (fn, args, kwargs)
+    # SOURCES last: it pickles as the text of every file whose code went before.
+    call = (fn, args, kwargs, SOURCES)
     with local_modules_by_value():
         try:
             data, buffers = _pickle(call)
@@ -169,6 +204,15 @@ def _name(fn: Any) -> str:
 
 
 # --------------------------------------------------------------------------- load
+
+
+def loads_call(data: bytes | bytearray | memoryview, external: Sequence[Any] = ()
+               ) -> tuple[Callable, tuple, dict]:
+    """A call made by :func:`dumps_call`: (function, args, kwargs). The text of
+    the user's files it carries is kept for this process's tracebacks."""
+    fn, args, kwargs, sources = loads(data, what="function and arguments", external=external)
+    sources.install()
+    return fn, args, kwargs
 
 
 def split(data: bytes | bytearray | memoryview, external: Sequence[Any] = ()
