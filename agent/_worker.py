@@ -33,7 +33,6 @@ import socket
 import sys
 import threading
 import time
-import traceback
 
 from remote_tpu_agent import _worker_output
 from remote_tpu_agent import _worker_pipe as wire
@@ -158,11 +157,10 @@ def _initialize_jax(process_id: int, num_processes: int) -> None:
 
 
 def _user_traceback(exc: BaseException) -> str:
-    """The traceback from the user's code down, without this module's frames."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    """The traceback in the user's terms (``user_source``): their frames,
+    files and cells, not the SDK's."""
+    from remote_tpu._core.user_source import format_exception
+    return format_exception(exc, working_dir=_working_dir)
 
 
 def private(path: str, flags: int) -> int:

@@ -18,7 +18,8 @@ import os
 import sys
 import traceback
 
-from ._core.exceptions import ConfigurationError, RemoteTPUError
+from ._core.exceptions import (ConfigurationError, RemoteError, RemoteTPUError,
+                               RemoteTraceback)
 from ._core.proto import remote_tpu_pb2 as pb
 
 
@@ -96,13 +97,13 @@ def _run(args: argparse.Namespace) -> int:
                   "local slice ends with it (start one with `remote-tpu local`)",
                   file=sys.stderr)
             return 2
-        handle = fn.submit(source, path, list(args.args))
+        handle = fn.submit(source, path, list(args.args), args.script)
         print(f"job {handle.id} submitted; follow it with `remote-tpu jobs logs -f "
               f"{handle.id} --hosts {handle._target.gateway}` and `remote-tpu jobs result "
               f"{handle.id} --hosts {handle._target.gateway}`")
         return 0
     try:
-        fn(source, path, list(args.args))
+        fn(source, path, list(args.args), args.script)
     except ScriptExit as exc:
         if isinstance(exc.code, int):
             return exc.code & 0xFF or 1
@@ -110,12 +111,29 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except RemoteError as exc:                       # the script's, not rebuilt here
+        _print_script_error(exc)
+        return 1
     except RemoteTPUError:
         raise                                        # said by the command line, status 1
     except Exception as exc:  # noqa: BLE001 - the script's own error, as Python shows it
-        traceback.print_exception(exc)
+        _print_script_error(exc)
         return 1
     return 0
+
+
+def _print_script_error(exc: BaseException) -> None:
+    """The script's traceback on its host and the hosts' summary: none of
+    this command's own frames (unless REMOTE_TPU_SHOW_SDK_FRAMES is set)."""
+    from ._core.user_source import show_sdk_frames
+
+    remote = exc.__cause__
+    if show_sdk_frames() or not isinstance(remote, RemoteTraceback):
+        traceback.print_exception(exc)
+        return
+    print(str(remote).strip("\n"), file=sys.stderr)
+    for note in [str(exc)] if isinstance(exc, RemoteError) else getattr(exc, "__notes__", ()):
+        print(note, file=sys.stderr)
 
 
 def _exec(args: argparse.Namespace) -> int:

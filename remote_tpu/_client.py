@@ -23,6 +23,7 @@ from ._core.exceptions import ConfigurationError
 from ._core.limits import INLINE_BYTES
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
+from ._core.user_source import SHOW_SDK_FRAMES, show_sdk_frames
 from ._core.versions import versions_pb
 from ._jobs import JobHandle
 from ._options import RunOptions
@@ -97,6 +98,15 @@ def _target(options: RunOptions) -> Target:
                           tls=options.tls)
 
 
+def _job_env(options: RunOptions) -> dict[str, str]:
+    """The variables the function sees on every host: ``env=``, and the switch
+    that shows the SDK's own frames where it is set here."""
+    env = dict(options.env)
+    if show_sdk_frames():
+        env.setdefault(SHOW_SDK_FRAMES, os.environ[SHOW_SDK_FRAMES])
+    return env
+
+
 def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
           attempt: int = 0, earlier: list | None = None, submitted: bool = False
           ) -> pb.JobSpec:
@@ -113,7 +123,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         client_versions=versions_pb(), job_id=job_id, accelerator=topology.name,
         num_hosts=topology.hosts * options.num_slices, num_slices=options.num_slices,
         role=pb.ROLE_GATEWAY, hosts=target.hosts,
-        stream=_STREAM_MODES[options.stream], env=dict(options.env),
+        stream=_STREAM_MODES[options.stream], env=_job_env(options),
         timeout_seconds=options.timeout or 0.0,
         jax_timeouts=pb.JaxTimeouts(initialization_seconds=jt.initialization,
                                     heartbeat_seconds=jt.heartbeat,

@@ -10,6 +10,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from ._core.auth import TLS
 from ._core.serialization import Payload
 from ._core.exceptions import ConfigurationError
+from ._core.user_source import cut_sdk_frames
 from ._jobs import JobHandle
 from ._options import JaxTimeouts, RunOptions, resolve
 from ._core.topology import Topology
@@ -32,6 +33,13 @@ class RemoteFunction(Generic[P, R]):
         self.options = options
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        __tracebackhide__ = True        # IPython: the user's cell, not the SDK
+        try:
+            return self._call(args, kwargs)
+        except (Exception, KeyboardInterrupt) as exc:
+            raise cut_sdk_frames(exc)
+
+    def _call(self, args: tuple, kwargs: dict) -> R:
         from ._client import call, new_job_id
 
         from ._retries import run as with_retries
@@ -45,10 +53,15 @@ class RemoteFunction(Generic[P, R]):
     def submit(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
         """Start the job and return its handle at once; it keeps running when
         this process ends (except on a local slice, which ends with it)."""
+        __tracebackhide__ = True
         from ._client import new_job_id, submit
 
-        payload = self._payload(args, kwargs)
-        return submit(self.options, payload, new_job_id(getattr(self._fn, "__name__", "job")))
+        try:
+            payload = self._payload(args, kwargs)
+            return submit(self.options, payload,
+                          new_job_id(getattr(self._fn, "__name__", "job")))
+        except (Exception, KeyboardInterrupt) as exc:
+            raise cut_sdk_frames(exc)
 
     def _payload(self, args: tuple, kwargs: dict) -> Payload:
         """The pickled call, its large buffers apart (``_blobs``); ``inline()``

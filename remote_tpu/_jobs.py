@@ -18,6 +18,7 @@ from ._core.channels import error_from_rpc, forget_if_unavailable
 from ._core.exceptions import ConfigurationError, JobTimeoutError
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.states import FINISHED_NAMES, phase_name
+from ._core.user_source import cut_sdk_frames
 from ._outcome import outcome, result_request
 from ._render import OutputRenderer
 from ._target import Target, resolve_target, running_targets
@@ -197,6 +198,13 @@ class JobHandle:
     def result(self, timeout: float | None = None) -> Any:
         """The value process 0 returned, or the remote exception re-raised, as
         for a blocking call. Can be asked again."""
+        __tracebackhide__ = True
+        try:
+            return self._result(timeout)
+        except (Exception, KeyboardInterrupt) as exc:
+            raise cut_sdk_frames(exc)
+
+    def _result(self, timeout: float | None) -> Any:
         if self.status().warm_until is not None:     # said at once, not after the session
             raise ConfigurationError(
                 f"{self._id} is a warm session's entry: it has no value of its own (each "

@@ -31,18 +31,22 @@ class CommandFailed(Exception):
         return CommandFailed, (self.returncode,)
 
 
-def run_script(source: str, path: str, argv: Sequence[str]) -> None:
+def run_script(source: str, path: str, argv: Sequence[str], shown: str = "") -> None:
     """Run ``source`` as ``__main__`` (its ``__file__``: ``path``, relative to
     the working directory when it was sent with one), ``sys.argv`` =
-    ``[path, *argv]``. jax.distributed is initialized already; a script that
-    calls ``jax.distributed.initialize()`` itself runs unchanged."""
+    ``[path, *argv]``; its frames in a traceback read ``File "shown"`` (the
+    path as its user typed it). jax.distributed is initialized already; a
+    script that calls ``jax.distributed.initialize()`` itself runs unchanged."""
     import builtins
     import linecache
     import os
     import sys
     import types
 
+    from ._core.user_source import show_as
+
     path = os.path.abspath(path)
+    show_as(path, shown or path)
     # Its lines, for tracebacks (the file itself need not exist on this host).
     linecache.cache[path] = (len(source), None, source.splitlines(keepends=True), path)
     main = types.ModuleType("__main__")

@@ -5,12 +5,14 @@ every host, raises KeyboardInterrupt in the cell, and the kernel goes on."""
 from __future__ import annotations
 
 import queue
+import re
 import time
 
 import pytest
 
 from conftest import Agents, live_workers, wait_until
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 jupyter_client = pytest.importorskip("jupyter_client")
@@ -36,7 +38,8 @@ def _reply(kc, msg_id: str, timeout: float) -> tuple[dict, str]:
         if msg["msg_type"] == "stream":
             printed.append(msg["content"]["text"])
         elif msg["msg_type"] == "error":
-            printed.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+            printed.append(f"{msg['content']['ename']}: {msg['content']['evalue']}\n")
+            printed.append(_ANSI.sub("", "\n".join(msg["content"]["traceback"])))
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
     while True:                  # its own reply (kernel_info replies may come first)
@@ -79,6 +82,34 @@ print(step(0))
                                    "init_jax=False)(time.sleep)(2.5))")
         assert reply["status"] == "ok" and "remote_tpu: 2 processes started; no output yet" \
             in out and "None\n" in out, out
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        agents.stop()
+
+
+def test_a_remote_error_shows_the_cells_line_and_no_sdk_frame():
+    agents = Agents(2)
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    try:
+        _run_cell(kc, f"""
+import remote_tpu
+@remote_tpu.run(accelerator="tpu-v4-16", hosts={agents.addresses[0]!r},
+                token={agents.token!r}, init_jax=False)
+def step(rows):
+    total = rows * 2
+    return {{}}[total]            # the typo: a KeyError on every host
+""")
+        reply, out = _run_cell(kc, "step(21)")
+        assert reply["status"] == "error" and reply["ename"] == "KeyError", reply
+        # The remote frame: the defining cell by IPython's name, its line and source.
+        assert "Cell In[1], line 6, in step" in out, out
+        assert "return {}[total]" in out, out
+        assert "Cell In[2]" in out and "step(21)" in out, out       # the calling cell
+        # Of the SDK, only the frame that raises it again shows (IPython never
+        # hides the last frame); none of the hosts' frames.
+        assert out.count("remote_tpu/") == 1 and "in RemoteFunction.__call__" in out, out
+        assert "_worker.py" not in out and "agent/" not in out, out
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
