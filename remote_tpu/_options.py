@@ -5,11 +5,13 @@ Precedence: explicit argument > ``REMOTE_TPU_*`` environment variable > default.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import difflib
 import os
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from ._core.auth import TLS, check_token
 from ._core.addresses import Hosts, parse_hosts
@@ -61,6 +63,56 @@ class RunOptions:
 def _from_env(name: str) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else None
+
+
+# Every REMOTE_TPU_* variable remote_tpu reads or sets, on a client, an agent or
+# in a worker (tests/test_options.py checks the code names no other).
+KNOWN_VARIABLES = frozenset({
+    "REMOTE_TPU_ACCELERATOR", "REMOTE_TPU_HOSTS", "REMOTE_TPU_TIMEOUT", "REMOTE_TPU_STREAM",
+    "REMOTE_TPU_KEEP_WARM", "REMOTE_TPU_WORKING_DIR", "REMOTE_TPU_OUTPUT_DIR",
+    "REMOTE_TPU_STAGING", "REMOTE_TPU_RETRIES", "REMOTE_TPU_NUM_SLICES", "REMOTE_TPU_TOKEN",
+    "REMOTE_TPU_TOKEN_FILE", "REMOTE_TPU_TLS_CA", "REMOTE_TPU_TLS_CERT", "REMOTE_TPU_TLS_KEY",
+    "REMOTE_TPU_TLS_SERVER_NAME", "REMOTE_TPU_REQUIRE_TLS", "REMOTE_TPU_TPU_API",
+    "REMOTE_TPU_SHOW_SDK_FRAMES", "REMOTE_TPU_DEPS", "REMOTE_TPU_PYTHON",
+    # set by an agent for its workers and the function
+    "REMOTE_TPU_JOB_ID", "REMOTE_TPU_HOST_INDEX", "REMOTE_TPU_PROCESS_INDEX",
+    "REMOTE_TPU_NUM_HOSTS", "REMOTE_TPU_SLICE_ID", "REMOTE_TPU_ATTEMPT", "REMOTE_TPU_JOB_DIR",
+    "REMOTE_TPU_SHARED_OUTPUT_DIR", "REMOTE_TPU_GCS_CACHE", "REMOTE_TPU_PROFILE",
+    "REMOTE_TPU_INIT_JAX", "REMOTE_TPU_SIMULATE_DEVICES", "REMOTE_TPU_STATUS_FD",
+    "REMOTE_TPU_CONTROL_FD", "REMOTE_TPU_AGENT_LOG", "REMOTE_TPU_JAX_INIT_TIMEOUT",
+    "REMOTE_TPU_JAX_HEARTBEAT_TIMEOUT", "REMOTE_TPU_JAX_SHUTDOWN_TIMEOUT",
+})
+_warned_variables: set[str] = set()
+
+
+def warn_unknown_variables(environ: Mapping[str, str] = os.environ) -> None:
+    """Warn once per name of a set ``REMOTE_TPU_*`` variable that nothing
+    reads (a misspelt one is otherwise silently ignored), with the nearest."""
+    for name in sorted(environ):
+        if not name.startswith("REMOTE_TPU_") or name in KNOWN_VARIABLES or \
+                name in _warned_variables:
+            continue
+        _warned_variables.add(name)
+        near = difflib.get_close_matches(name, KNOWN_VARIABLES, n=1, cutoff=0.75)
+        warnings.warn(f"{name} is set but remote_tpu reads no such variable"
+                      + (f": did you mean {near[0]}?" if near else
+                         "; see the README's list of options for the ones it reads"),
+                      UserWarning, stacklevel=4)
+
+
+@contextlib.contextmanager
+def _variable(explicit: object, name: str) -> Iterator[None]:
+    """An error in a value taken from the variable ``name`` (``explicit``
+    None) names the variable, so the user knows where it came from."""
+    raw = _from_env(name) if explicit is None else None
+    try:
+        yield
+    except ConfigurationError as exc:
+        if raw is None or name in str(exc):
+            raise
+        said = str(exc).rstrip(".")
+        raise ConfigurationError(f"{name}={raw!r} (from the environment): {said}; fix or "
+                                 f"unset {name}") from None
 
 
 def _checked_hosts(hosts: str | Sequence[str] | None, topology: Topology) -> Hosts:
@@ -230,16 +282,20 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
             allow_jax_requirements: bool = False,
             retries: object = None, num_slices: int | None = None,
             profile: bool | float = False) -> RunOptions:
+    warn_unknown_variables()
+    given_accelerator = accelerator
     if accelerator is None:
         accelerator = _from_env("REMOTE_TPU_ACCELERATOR")
         if accelerator is None:
             raise ConfigurationError(
                 "remote_tpu.run needs accelerator=, for example accelerator='tpu-v4-16' "
                 "(or set REMOTE_TPU_ACCELERATOR)")
-    topology = Topology.parse(accelerator)
+    with _variable(given_accelerator, "REMOTE_TPU_ACCELERATOR"):
+        topology = Topology.parse(accelerator)
     mode = stream if stream is not None else (_from_env("REMOTE_TPU_STREAM") or "leader")
     if mode not in STREAM_MODES:
-        raise ConfigurationError(f"stream={mode!r} is not one of {', '.join(STREAM_MODES)}")
+        with _variable(stream, "REMOTE_TPU_STREAM"):
+            raise ConfigurationError(f"stream={mode!r} is not one of {', '.join(STREAM_MODES)}")
     env_items: list[tuple[str, str]] = []
     if env is not None:
         if not isinstance(env, Mapping):
@@ -289,7 +345,18 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         parsed, slices = parse_slices(hosts, slices_n, topology, dict(env_items))
     else:
         parsed, slices = _checked_hosts(hosts, topology), ()
-    output = _output_dir(output_dir)
+    with _variable(output_dir, "REMOTE_TPU_OUTPUT_DIR"):
+        output = _output_dir(output_dir)
+    with _variable(timeout, "REMOTE_TPU_TIMEOUT"):
+        timeout = _positive("timeout", timeout, "REMOTE_TPU_TIMEOUT")
+    with _variable(keep_warm, "REMOTE_TPU_KEEP_WARM"):
+        keep_warm = _keep_warm(keep_warm)
+    with _variable(working_dir, "REMOTE_TPU_WORKING_DIR"):
+        working_dir = _working_dir(working_dir)
+    with _variable(staging, "REMOTE_TPU_STAGING"):
+        staging = _staging(staging)
+    with _variable(retries, "REMOTE_TPU_RETRIES"):
+        retries = _retries(retries)
     return RunOptions(
         profile=_profile(profile, output, init_jax),
         num_slices=slices_n,
@@ -299,16 +366,16 @@ def resolve(*, accelerator: str | Topology | None, hosts: str | Sequence[str] | 
         processes_per_host=processes_per_host,
         topology=topology,
         hosts=parsed,
-        timeout=_positive("timeout", timeout, "REMOTE_TPU_TIMEOUT"),
+        timeout=timeout,
         stream=mode,
         env=tuple(sorted(env_items)),
         jax_timeouts=jt,
-        keep_warm=_keep_warm(keep_warm),
+        keep_warm=keep_warm,
         init_jax=init_jax,
-        working_dir=_working_dir(working_dir),
+        working_dir=working_dir,
         output_dir=output,
-        staging=_staging(staging),
+        staging=staging,
         requirements=_requirements(requirements, allow_jax_requirements),
         allow_jax_requirements=allow_jax_requirements,
-        retries=_retries(retries),
+        retries=retries,
     )

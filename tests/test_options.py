@@ -100,3 +100,51 @@ def test_environment_is_the_fallback_and_arguments_win(monkeypatch):
 def test_default_hosts_is_the_local_slice(monkeypatch):
     monkeypatch.delenv("REMOTE_TPU_HOSTS", raising=False)
     assert remote_tpu.run(accelerator="tpu-v4-16")(len).options.local
+
+
+def test_every_remote_tpu_variable_the_code_names_is_known():
+    import pathlib
+    import re
+
+    from remote_tpu._options import KNOWN_VARIABLES
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    named = set()
+    for path in [*root.glob("remote_tpu/**/*.py"), *root.glob("agent/**/*.py")]:
+        named |= set(re.findall(r"REMOTE_TPU_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
+    named -= {"REMOTE_TPU_TLS", "REMOTE_TPU_FIELD_NUMBER"}    # a prefix; a proto constant
+    assert named <= KNOWN_VARIABLES, f"add to KNOWN_VARIABLES: {sorted(named - KNOWN_VARIABLES)}"
+
+
+def test_a_misspelt_variable_warns_once_with_the_nearest_name(monkeypatch):
+    from remote_tpu import _options
+
+    monkeypatch.setattr(_options, "_warned_variables", set())
+    monkeypatch.setenv("REMOTE_TPU_KEEPWARM", "60")
+    monkeypatch.setenv("REMOTE_TPU_NOT_A_THING_AT_ALL", "1")
+    with pytest.warns(UserWarning) as caught:
+        remote_tpu.run(accelerator="tpu-v4-8")(print)
+    said = [str(w.message) for w in caught]
+    assert any("REMOTE_TPU_KEEPWARM" in m and "did you mean REMOTE_TPU_KEEP_WARM?" in m
+               for m in said), said
+    assert any("REMOTE_TPU_NOT_A_THING_AT_ALL" in m and "README" in m for m in said), said
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # once: not again
+        remote_tpu.run(accelerator="tpu-v4-8")(print)
+
+
+@pytest.mark.parametrize("name, value, said", [
+    ("REMOTE_TPU_STREAM", "everything", "is not one of leader, all, none"),
+    ("REMOTE_TPU_TIMEOUT", "-3", "positive number of seconds"),
+    ("REMOTE_TPU_ACCELERATOR", "tpu-v4-9", "Nearest valid: tpu-v4-8 or tpu-v4-16"),
+    ("REMOTE_TPU_WORKING_DIR", "/no/such/dir", "is not a directory"),
+    ("REMOTE_TPU_KEEP_WARM", "99999999", "from 0 (off) to 604800"),
+])
+def test_a_bad_value_from_a_variable_names_the_variable(monkeypatch, name, value, said):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError) as info:
+        remote_tpu.run(accelerator=None if name == "REMOTE_TPU_ACCELERATOR" else "tpu-v4-8")(print)
+    message = str(info.value)
+    assert message.startswith(f"{name}={value!r} (from the environment)"), message
+    assert said in message and f"unset {name}" in message, message
