@@ -5,12 +5,14 @@
 ``Target``: the gateway to call, the host list for the job spec, the
 credentials. ``Target.call`` is the one way calls reach the gateway: it follows
 an agent's redirect to worker 0 of its slice, and, for calls the agent has not
-answered yet, retries refused connections (an agent restarting) for 15 s.
+answered yet, retries refused connections (an agent restarting) for 15 s, and
+for about a second at an address that never answered this machine (_answered).
 Call, submit, attach, jobs, doctor and the command line all go through here.
 """
 
 from __future__ import annotations
 
+import difflib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +21,7 @@ from typing import TypeVar
 import grpc
 import tenacity
 
+from . import _answered as answered
 from ._core.addresses import Hosts, parse_hosts
 from ._core.auth import TLS
 from ._core.channels import (Credentials, Redirect, error_from_rpc, forget_if_unavailable,
@@ -30,6 +33,7 @@ from ._core.topology import Topology
 
 T = TypeVar("T")
 RETRY_SECONDS = 15.0                        # see _retrying
+NEW_AGENT_SECONDS = 1.0                     # an address that never answered (_answered)
 _LOCAL_LIFETIME = "a local slice lives only as long as the process that started it"
 _NOT_LOCAL = ("hosts='local' names no slice that can be reached from here: only a call or "
               f"submit() starts a local slice, and {_LOCAL_LIFETIME}. Start one that other "
@@ -68,8 +72,13 @@ class Target:
             self._tls_asked = False            # (asked of each gateway once)
             try:
                 if retry:
-                    return _retrying(self.gateway, lambda: self._attempt(method))
-                return self._attempt(method)
+                    budget = RETRY_SECONDS if self.local or answered.before(self.gateway) \
+                        else NEW_AGENT_SECONDS
+                    done = _retrying(self.gateway, lambda: self._attempt(method), budget)
+                else:
+                    done = self._attempt(method)
+                answered.note(self.gateway)
+                return done
             except grpc.RpcError as exc:
                 err = error_from_rpc(exc, self.gateway)
                 if isinstance(err, Redirect) and not redirected:
@@ -100,9 +109,21 @@ class Target:
             raise err from None
 
     def explain(self, err: Exception) -> Exception:
-        """``err``, with what a local slice's caller should know added."""
-        if self.local and isinstance(err, AgentUnavailableError):
+        """``err``, with what a local slice's caller, or one whose address
+        never answered, should know added."""
+        if not isinstance(err, AgentUnavailableError):
+            return err
+        if self.local:
             return AgentUnavailableError(f"{err} ({_LOCAL_LIFETIME})")
+        host = self.gateway.rsplit(":", 1)[0]
+        if "resolv" in str(err) and difflib.get_close_matches(host.lower(), ["local"], 1, 0.6):
+            return AgentUnavailableError(f"{host!r} is not a host name that resolves: did you "
+                                         f"mean hosts='local' (a simulated slice)? {err}")
+        if not answered.before(self.gateway):
+            return AgentUnavailableError(
+                f"{err} No agent has ever answered this machine at {self.gateway}, so it was "
+                f"asked for {NEW_AGENT_SECONDS:g} s only (an agent that answered before is "
+                f"waited for {RETRY_SECONDS:g} s, as while it restarts).")
         return err
 
 
@@ -149,7 +170,7 @@ def running_targets(hosts: str | Sequence[str] | Hosts | None, *,
             for s in running_local_slices(topology)]
 
 
-def _retrying(gateway: str, attempt: Callable[[], T]) -> T:
+def _retrying(gateway: str, attempt: Callable[[], T], budget: float = RETRY_SECONDS) -> T:
     """The retries of a call that the agent has not answered yet (Submit, and Run
     before its first event), safe because the agent takes a job id only once.
 
@@ -167,12 +188,13 @@ def _retrying(gateway: str, attempt: Callable[[], T]) -> T:
     try:
         return attempt()
     except Exception as exc:  # noqa: BLE001 - only what _unavailable says is retried
-        if not _unavailable(exc) or time.monotonic() - start >= RETRY_SECONDS:
+        if not _unavailable(exc) or time.monotonic() - start >= budget:
             raise
-    _retry_notice(gateway)
+    if budget >= RETRY_SECONDS:
+        _retry_notice(gateway)
     time.sleep(_FIRST_WAIT)
     return tenacity.Retrying(
-        stop=lambda state: time.monotonic() - start >= RETRY_SECONDS, reraise=True,
+        stop=lambda state: time.monotonic() - start >= budget, reraise=True,
         wait=tenacity.wait_exponential(multiplier=2 * _FIRST_WAIT, max=2),
         retry=tenacity.retry_if_exception(_unavailable))(attempt)
 

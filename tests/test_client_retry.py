@@ -75,10 +75,34 @@ def _answer():
     return 42
 
 
+def _answered_once(port: int, token: str, state_dir: str) -> None:
+    """A real agent on ``port`` answers a call, then stops: this machine
+    has seen it, as one whose agent restarts has."""
+    agent = _LateAgent(port, token, delay=0, state_dir=state_dir)
+    try:
+        f = remote_tpu.run(accelerator=ACCELERATOR, hosts=f"127.0.0.1:{port}", token=token,
+                           init_jax=False)(_answer)
+        assert wait_until(lambda: _listening(port), 30)
+        assert f() == 42
+    finally:
+        agent.stop()
+
+
+def _listening(port: int) -> bool:
+    import socket
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["call", "submit"])
 def test_agent_coming_up_two_seconds_late_is_waited_for(how, tmp_path, capsys):
     port, token = free_port(), new_token()
+    _answered_once(port, token, str(tmp_path))     # (in this process: a new one reads
+    capsys.readouterr()                             #  the same record, test below)
     agent = _LateAgent(port, token, delay=2.0, state_dir=str(tmp_path))
     try:
         f = remote_tpu.run(accelerator=ACCELERATOR, hosts=f"127.0.0.1:{port}", token=token)(
@@ -104,8 +128,43 @@ def test_agent_coming_up_two_seconds_late_is_waited_for(how, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_an_address_that_never_answered_fails_in_about_a_second(capsys):
+    port = free_port()                   # nothing listens there, nor ever did
+
+    @remote_tpu.run(accelerator=ACCELERATOR, hosts=f"127.0.0.1:{port}", token=new_token())
+    def f():
+        return 1
+
+    start = time.monotonic()
+    with pytest.raises(remote_tpu.AgentUnavailableError) as info:
+        f()
+    elapsed = time.monotonic() - start
+    assert elapsed < 3, f"gave up after {elapsed:.1f} s"
+    assert f"No agent has ever answered this machine at 127.0.0.1:{port}" in str(info.value)
+    assert NOTICE not in capsys.readouterr().err
+
+
+def test_a_typo_of_local_is_named():
+    with pytest.raises(remote_tpu.AgentUnavailableError, match="did you mean hosts='local'"):
+        remote_tpu.run(accelerator=ACCELERATOR, hosts="locla", token=new_token())(_answer)()
+
+
+@pytest.mark.slow
+def test_the_memory_of_an_answer_outlives_the_process(tmp_path):
+    port, token = free_port(), new_token()
+    _answered_once(port, token, str(tmp_path))
+    code = (f"from remote_tpu import _answered; print(_answered.before('127.0.0.1:{port}'), "
+            "_answered.before('127.0.0.1:1'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.split() == ["True", "False"], done.stdout + done.stderr
+
+
+@pytest.mark.slow
 def test_no_agent_at_all_fails_after_bounded_retries(capsys):
-    port = free_port()                   # nothing listens there
+    port = free_port()                   # nothing listens there now; one answered before
+    from remote_tpu import _answered
+    _answered.note(f"127.0.0.1:{port}")
 
     @remote_tpu.run(accelerator=ACCELERATOR, hosts=f"127.0.0.1:{port}", token=new_token())
     def f():
@@ -205,6 +264,8 @@ def test_a_tunnel_that_accepts_and_closes_while_its_agent_is_down_is_retried(tmp
             except OSError:
                 pass
         listener.close()
+    from remote_tpu import _answered
+    _answered.note(f"127.0.0.1:{port}")          # its agent answered before, and restarts
     threading.Thread(target=tunnel_without_agent, args=(time.monotonic() + 2.0,),
                      daemon=True).start()
     agent = _LateAgent(port, token, delay=2.3, state_dir=str(tmp_path))
