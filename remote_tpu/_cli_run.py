@@ -91,6 +91,8 @@ def _run(args: argparse.Namespace) -> int:
         inside = os.path.relpath(os.path.abspath(args.script), os.path.abspath(args.working_dir))
         path = path if inside.startswith("..") else inside
     fn = _remote(args, run_script)
+    from ._outcome import LOOK_IN
+    LOOK_IN.append(os.path.dirname(os.path.abspath(args.script)))
     if args.detach:
         if fn.options.local:
             print("remote-tpu run: --detach needs a slice that outlives this command; a "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -89,6 +90,9 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str,
             try:
                 exc.add_note(f"raised on {name} of {n} ({where}). Final state of each "
                              f"host:\n{hosts}" + (f"\n{end.detail}" if end.detail else ""))
+                hint = local_hint(exc)
+                if hint:
+                    exc.add_note(hint)
                 exc.remote_host = h  # type: ignore[attr-defined]
             except (AttributeError, TypeError):
                 pass
@@ -103,6 +107,31 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str,
         f"{name} of {n} ({where}) {root.detail or HOST_STATE_WORDS.get(root.state, 'failed')}."
         f"{also} Final state of each host:\n{hosts}\nLast output of {name}:\n"
         f"{_last_lines(root)}", host=h, hosts=end.hosts)
+
+
+# Directories where the user's own files may be besides the current one (the
+# command line adds the script's).
+LOOK_IN: list[str] = []
+
+
+def local_hint(exc: BaseException) -> str:
+    """What to do when a host lacks a file or module that this machine has:
+    the usual mistake of a first call; "" when it does not apply."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        top = exc.name.partition(".")[0]
+        for folder in [os.getcwd(), *LOOK_IN]:
+            for found in (os.path.join(folder, top + ".py"), os.path.join(folder, top)):
+                if os.path.exists(found):
+                    return (f"remote_tpu: {top!r} is on this machine ({found}) but not on the "
+                            f"hosts: send its directory with working_dir={folder!r} "
+                            "(`remote-tpu run --working-dir DIR`), or import it in the calling "
+                            "code so that it travels with the function")
+    if isinstance(exc, FileNotFoundError) and isinstance(exc.filename, str) and \
+            os.path.exists(exc.filename):
+        return (f"remote_tpu: {exc.filename!r} exists on this machine but not on the hosts: "
+                "send it with working_dir= (the project directory it is in), or as "
+                f"remote_tpu.Data({exc.filename!r}) for data")
+    return ""
 
 
 def result_request(job_id: str, data_port: bool = False) -> pb.JobRef:

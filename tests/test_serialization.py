@@ -193,3 +193,31 @@ def test_a_repeat_call_checks_its_arguments_against_the_function_as_it_is_now():
     g.__code__ = f.__code__
     with pytest.raises(TypeError, match="missing a required argument"):
         ser.dumps_call(g, (1,), {})
+
+
+def test_an_open_file_argument_is_refused_with_what_to_do(tmp_path):
+    data = tmp_path / "rows.csv"
+    data.write_text("a,b\n" * 1000)
+
+    def f(rows, cfg=None):
+        return rows
+
+    with open(data) as handle, pytest.raises(SerializationError) as info:
+        ser.dumps_call(f, (1,), {"cfg": {"input": handle}})
+    message = str(info.value)
+    assert "argument 'cfg' -> key 'input'" in message and str(data) in message, message
+    assert "working_dir=" in message and "remote_tpu.Data" in message and "f.read()" in message
+    with open(data, "rb") as handle, pytest.raises(SerializationError, match="open file"):
+        ser.dumps_call(f, (handle,), {})
+
+
+def test_the_standard_streams_still_travel_as_the_hosts_own():
+    done = run_python(textwrap.dedent("""
+        import sys
+        from remote_tpu._core import serialization as ser
+        def f(x, out=sys.stderr):
+            return out is sys.stderr
+        fn, args, kwargs = ser.loads_call(ser.dumps_call(f, (1,), {}).to_bytes())
+        print(fn(*args))
+    """))
+    assert done.stdout.strip() == "True", done.stderr

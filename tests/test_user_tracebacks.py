@@ -112,3 +112,35 @@ def test_remote_tpu_run_prints_the_scripts_traceback_and_the_hosts_only(slice_, 
     assert "KeyError: 'missing'" in err and "host 0: failed" in err and "host 1:" in err, err
     assert "remote_tpu/" not in err and "agent/" not in err and "direct cause" not in err, err
     assert len(err.strip().splitlines()) <= 10, err
+
+
+def test_a_file_that_is_only_here_names_the_fix(slice_, tmp_path):
+    (tmp_path / "rows.csv").write_text("a,b\n")
+    _write(tmp_path / "main.py", """\
+        import remote_tpu
+
+        @remote_tpu.run(init_jax=False)
+        def count():
+            with open("rows.csv") as f:          # here, not in the host's directory
+                return len(f.readlines())
+
+        count()
+    """)
+    err = _run(slice_, tmp_path)
+    assert "FileNotFoundError" in err, err
+    assert "'rows.csv' exists on this machine but not on the hosts" in err, err
+    assert "working_dir=" in err and "remote_tpu.Data('rows.csv')" in err, err
+
+
+def test_a_module_beside_the_script_names_working_dir(slice_, tmp_path):
+    _write(tmp_path / "helper.py", "SCALE = 10\n")
+    _write(tmp_path / "train.py", """\
+        from helper import SCALE
+        print(SCALE)
+    """)
+    done = subprocess.run([sys.executable, "-m", "remote_tpu", "run", "train.py"],
+                          cwd=tmp_path, env=_env(slice_), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "No module named 'helper'" in done.stderr, done.stderr
+    assert "'helper' is on this machine" in done.stderr and "--working-dir" in done.stderr

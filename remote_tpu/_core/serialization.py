@@ -23,6 +23,7 @@ import json
 import marshal
 import pickle
 import struct
+import sys
 import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -102,6 +103,22 @@ def _envelope(kind: str, pickled: bytes, buffers: list[pickle.PickleBuffer],
 
 
 _BASE_TABLE = cloudpickle.Pickler.dispatch_table
+# File objects backed by this machine's files (cloudpickle would read one open
+# for reading whole into the payload, and refuse others less clearly).
+_OPEN_FILES = (io.TextIOWrapper, io.BufferedReader, io.BufferedWriter, io.BufferedRandom,
+               io.FileIO)
+
+
+def _refuse_open_file(f: io.IOBase) -> tuple:
+    for stream in ("stdout", "stderr", "stdin"):
+        if f is getattr(sys, stream, None) or f is getattr(sys, f"__{stream}__", None):
+            return getattr, (sys, stream)        # the host's own, as cloudpickle sends it
+    name = getattr(f, "name", None)
+    raise pickle.PicklingError(
+        f"an open file{f' ({name!r})' if isinstance(name, str) else ''} is not sent: its "
+        "file is on this machine, not on the hosts. Pass its path and open it inside the "
+        "function (send the file with working_dir= or remote_tpu.Data(path)), or pass "
+        "its contents (f.read())")
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -121,6 +138,8 @@ class _Pickler(cloudpickle.Pickler):
             table.update(reducers)
         table[types.CodeType] = self._reduce_code
         table[Sources] = self._reduce_sources
+        for kind in _OPEN_FILES:
+            table[kind] = _refuse_open_file
         self.dispatch_table = table
         super().__init__(file, protocol=5, buffer_callback=buffer_callback)
 
@@ -311,7 +330,7 @@ def _error_for(path: list[str], obj: Any, exc: Exception) -> SerializationError:
 
 def _picklable(obj: Any) -> Exception | None:
     try:
-        cloudpickle.dump(obj, io.BytesIO(), protocol=5, buffer_callback=lambda b: False)
+        _Pickler(io.BytesIO(), lambda b: False).dump(obj)
     except RecursionError as exc:
         return exc
     except Exception as exc:  # noqa: BLE001
