@@ -10,6 +10,7 @@ import pytest
 
 import remote_tpu
 from remote_tpu import _blobs
+from remote_tpu._core import gcs as gcs_copies
 from remote_tpu._core.exceptions import ConfigurationError
 
 from conftest import Agents
@@ -127,3 +128,67 @@ def test_bad_data_is_refused_with_what_to_do(gcs, agents, tmp_path):
     assert "bucket no-such-bucket does not exist" in str(err.value)
     assert "while fetching remote_tpu.Data('gs://no-such-bucket/x')" in "".join(
         err.value.__notes__)
+
+
+def _files_under(path) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), path)
+                  for d, _, fs in os.walk(path) for f in fs)
+
+
+@pytest.fixture
+def gcs_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "gcs-cache"
+    monkeypatch.setenv("REMOTE_TPU_GCS_CACHE", str(cache))
+    return cache
+
+
+# ("a/../b" and ".." alone: this emulator cannot store them; tests/test_local_names.py)
+@pytest.mark.parametrize("rest", ["/ABSOLUTE", "a/./b", "a//b", "a\\b", "nul\0x"])
+def test_gcs_objects_whose_names_leave_the_cache_are_refused_naming_them(
+        gcs, gcs_cache, tmp_path, rest):
+    outside = tmp_path / "outside.txt"
+    bucket = gcs.make_bucket(f"hostile-{abs(hash(rest))}")
+    name = "data/" + rest.replace("/ABSOLUTE", str(outside))
+    bucket.blob(name).upload_from_string(b"replaced your file")
+    bucket.blob("data/fine.txt").upload_from_string(b"fine")
+    with pytest.raises(ConfigurationError) as err:
+        gcs_copies.local_copy(f"gs://{bucket.name}/data")
+    assert repr(f"gs://{bucket.name}/{name}") in str(err.value)    # the object, named
+    assert "nothing was downloaded" in str(err.value)
+    assert not outside.exists()
+    assert [f for f in _files_under(gcs_cache) if not f.endswith(".lock")] == []
+
+
+def test_a_gcs_object_leading_through_a_link_in_the_cache_is_refused(gcs, gcs_cache,
+                                                                     tmp_path):
+    bucket = gcs.make_bucket("linked")
+    bucket.blob("data/fine.txt").upload_from_string(b"fine")
+    tree = gcs_copies.local_copy("gs://linked/data")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, os.path.join(tree, "sub"))           # left there by a job, say
+    bucket.blob("data/sub/x.txt").upload_from_string(b"through the link")
+    with pytest.raises(ConfigurationError, match="data/sub/x.txt.*symbolic link") as err:
+        gcs_copies.local_copy("gs://linked/data")
+    assert os.path.join(tree, "sub") in str(err.value)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_gcs_names_at_the_edges_that_are_fine(gcs, gcs_cache):
+    bucket = gcs.make_bucket("edges")
+    for name in ("data/", "data/sub/", "data/sub/f.txt", "data/.hidden", "data/a..b",
+                 "database.txt", "one.txt", "one.txt.bak"):
+        bucket.blob(name).upload_from_string(name.encode())
+    tree = gcs_copies.local_copy("gs://edges/data/")       # folder markers: no files
+    assert _files_under(tree) == [".hidden", "a..b", "sub/f.txt"]
+    assert _files_under(gcs_copies.local_copy("gs://edges/data")) == _files_under(tree)
+    assert open(gcs_copies.local_copy("gs://edges/one.txt")).read() == "one.txt"
+
+
+def test_a_hostile_gcs_object_fails_the_call_naming_it(gcs, agents, tmp_path):
+    outside = tmp_path / "evil"
+    bucket = gcs.make_bucket("hostile-call")
+    bucket.blob(f"data/{outside}").upload_from_string(b"x")
+    with pytest.raises(ConfigurationError, match=f"gs://hostile-call/data/{outside}"):
+        _on(agents)(lambda d: d)(remote_tpu.Data("gs://hostile-call/data"))
+    assert not outside.exists()

@@ -15,5 +15,6 @@ target resolver, jobs, local slice, rendering, command line):
 - ``serialization``: the pickled envelope of calls, values and exceptions
   (``remote_exceptions``);
 - ``topology``: accelerator names -> hosts, chips and devices;
-- ``exceptions``: the errors users see.
+- ``exceptions``: the errors users see;
+- ``local_names``: a name from elsewhere as a local path (the one rule).
 """

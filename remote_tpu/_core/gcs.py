@@ -22,6 +22,7 @@ import tempfile
 from . import digests
 from .dirs import prune_oldest
 from .exceptions import ConfigurationError
+from .local_names import UnsafeName, local_path
 
 KEEP = 8
 THREADS = 8
@@ -77,17 +78,18 @@ def local_copy(uri: str) -> str:
         except Exception as exc:  # noqa: BLE001 - named, with what to do
             raise explain(exc, uri, "storage.objects.list") from None
         exact = [b for b in blobs if b.name == name]
-        if exact and not name.endswith("/"):
+        tree = os.path.join(root, "tree")
+        single = bool(exact) and not name.endswith("/")
+        if single:
             want = {os.path.basename(name): exact[0]}
-            result = os.path.join(root, "tree", os.path.basename(name))
         else:
             under = name.rstrip("/") + "/" if name else ""
             want = {b.name[len(under):]: b for b in blobs
                     if b.name.startswith(under) and not b.name.endswith("/")}
-            result = os.path.join(root, "tree")
         if not want:
             raise FileNotFoundError(f"{uri}: no such object, and no objects under it")
-        tree = os.path.join(root, "tree")
+        paths = _local_paths(uri, tree, want)
+        result = paths[os.path.basename(name)] if single else tree
         try:
             with open(os.path.join(root, "manifest.json")) as f:
                 had = json.load(f)
@@ -95,12 +97,11 @@ def local_copy(uri: str) -> str:
             had = {}
         todo = [(rel, blob) for rel, blob in want.items()
                 if had.get(rel) != [blob.size, blob.generation] or
-                not os.path.isfile(os.path.join(tree, rel))]
+                not os.path.isfile(paths[rel])]
         pairs = []
         for rel, blob in todo:
-            path = os.path.join(tree, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            pairs.append((blob, path))
+            os.makedirs(os.path.dirname(paths[rel]), exist_ok=True)
+            pairs.append((blob, paths[rel]))
         try:
             transfer_manager.download_many(pairs, max_workers=THREADS,
                                            worker_type=transfer_manager.THREAD,
@@ -117,6 +118,23 @@ def local_copy(uri: str) -> str:
         os.utime(root)
     prune_oldest(cache, KEEP, {root}, _remove)
     return result
+
+
+def _local_paths(uri: str, tree: str, want: dict) -> dict[str, str]:
+    """Where each wanted object (by its name below ``uri``) goes in ``tree``;
+    every name is checked before anything is downloaded: a bucket's objects
+    may be named to land elsewhere (``data//home/u/.bashrc``, ``data/../x``)."""
+    paths = {}
+    for rel, blob in want.items():
+        try:
+            paths[rel] = local_path(tree, rel)
+        except UnsafeName as exc:
+            raise ConfigurationError(
+                f"{uri}: cannot save the object {f'gs://{blob.bucket.name}/{blob.name}'!r} in "
+                f"this host's copy: its name below the prefix, {exc}. Rename or remove that "
+                "object, or point remote_tpu.Data at a prefix without it; nothing was "
+                "downloaded") from None
+    return paths
 
 
 def _remove(path: str) -> None:
