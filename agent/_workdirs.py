@@ -20,6 +20,7 @@ import tempfile
 import threading
 
 from remote_tpu._core.dirs import prune_oldest
+from remote_tpu._core.local_names import RULE, local_path, problem
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from ._attempts import run_key
@@ -54,12 +55,6 @@ def place_job(dirs: WorkingDirs, spec: pb.JobSpec, paths: list[str]
     return call, working_dir, data
 
 
-def _safe(path: str) -> bool:
-    parts = path.split("/")
-    return bool(path) and not path.startswith("/") and "\\" not in path and \
-        all(p not in ("", ".", "..") for p in parts)
-
-
 class WorkingDirs:
     """The trees of one host's jobs, under ``root``."""
 
@@ -78,9 +73,10 @@ class WorkingDirs:
         if not tree.digest:
             return ""
         bad = [f.path for f in tree.files
-               if not _safe(f.path) or (f.size and f.blob >= len(paths))]
+               if problem(f.path) or (f.size and f.blob >= len(paths))]
         if bad:
-            raise ValueError(f"the working_dir names files outside itself: {bad[:3]}")
+            raise ValueError(f"the working_dir names files outside itself, or buffers it "
+                             f"lacks: {bad[:3]} (each name must be {RULE})")
         name = tree.digest.hex()
         target = os.path.join(self.root, name)
         with self._lock:
@@ -161,7 +157,7 @@ def _remove(path: str) -> None:
 def _write_file(f: pb.WorkFile, paths: list[str], directory: str, fresh: bool = False) -> None:
     """Write one file of the tree (in a directory being built, ``fresh``: at
     once; else by a temporary file put in its place)."""
-    path = os.path.join(directory, f.path)
+    path = local_path(directory, f.path)
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     if os.path.lexists(path) and (os.path.isdir(path) and not os.path.islink(path)):
         _remove(path)
@@ -208,8 +204,9 @@ def _restore(tree: pb.WorkingDir, paths: list[str], target: str,
     for directory, dirnames, filenames in os.walk(target, topdown=False):
         rel_dir = os.path.relpath(directory, target).replace(os.sep, "/")
         rel_dir = "" if rel_dir == "." else rel_dir
-        if "__pycache__" in rel_dir.split("/"):
-            continue             # Python's own cache of the tree's modules: kept
+        if "__pycache__" in rel_dir.split("/"):      # Python's own cache of the tree's
+            _unlink_links(directory, filenames + dirnames)     # modules: kept, but links
+            continue
         for name in filenames + [d for d in dirnames
                                  if os.path.islink(os.path.join(directory, d))]:
             rel = f"{rel_dir}/{name}" if rel_dir else name
@@ -232,3 +229,12 @@ def _restore(tree: pb.WorkingDir, paths: list[str], target: str,
             _write_file(f, paths, target)
             changed = True
     return changed
+
+
+def _unlink_links(directory: str, names: list[str]) -> None:
+    """Remove the symbolic links among ``names`` in ``directory``: a job's,
+    which could take a file of the tree elsewhere."""
+    for name in names:
+        path = os.path.join(directory, name)
+        if os.path.islink(path):
+            os.unlink(path)

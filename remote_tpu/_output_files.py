@@ -13,6 +13,7 @@ import os
 import sys
 
 from ._core.exceptions import ConfigurationError
+from ._core.local_names import RULE, UnsafeName, local_path, problem
 
 _OWN, _SHARED = "REMOTE_TPU_OUTPUT_DIR", "REMOTE_TPU_SHARED_OUTPUT_DIR"
 
@@ -30,14 +31,14 @@ def output_dir(shared: bool = False) -> str:
     return path
 
 
-def _local_name(rel: str) -> str | None:
-    """Where a file of the job goes under its directory; None if unsafe."""
+def _local_path(root: str, rel: str) -> str:
+    """Where the job's file ``rel`` (as its agent names it) goes under
+    ``root``: the shared ones at the top. UnsafeName where it may not."""
+    why = problem(rel)
+    if why:
+        raise UnsafeName(rel, why)
     parts = rel.split("/")
-    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        return None
-    if parts[0] == "shared":
-        parts = parts[1:]
-    return os.path.join(*parts) if parts else None
+    return local_path(root, "/".join(parts[1:]) if parts[0] == "shared" else rel)
 
 
 def collect(target, job_id: str, destination: str) -> list[str]:
@@ -57,28 +58,36 @@ def collect(target, job_id: str, destination: str) -> list[str]:
             if chunk.error:
                 problems.append(chunk.error)
                 continue
-            name = _local_name(chunk.path)
-            if name is None:
-                problems.append(f"skipped an output file with an unsafe name: {chunk.path!r}")
-                continue
             if chunk.path != current or chunk.offset == 0:
                 if out is not None:
                     out.close()
-                path = os.path.join(root, name)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                out, current = open(path, "wb"), chunk.path
-                written.append(path)
-            out.write(chunk.data)
+                out, current = _open(root, chunk.path, written, problems), chunk.path
+            if out is not None:
+                out.write(chunk.data)
     except Exception as exc:  # noqa: BLE001 - the job's own outcome matters more
         details = exc.details() if hasattr(exc, "details") else exc
         problems.append(f"could not collect them: {type(exc).__name__}: {details}")
     finally:
         if out is not None:
             out.close()
-    for problem in problems:
-        print(f"remote_tpu: job {job_id}'s output files: {problem}", file=sys.stderr,
+    for said in problems:
+        print(f"remote_tpu: job {job_id}'s output files: {said}", file=sys.stderr,
               flush=True)
     return sorted(set(written))
+
+
+def _open(root: str, rel: str, written: list[str], problems: list[str]):
+    """The local file for the job's file ``rel``, open to write (its path added
+    to ``written``); None, and why in ``problems``, where its name may not be."""
+    try:
+        path = _local_path(root, rel)
+    except UnsafeName as exc:
+        problems.append(f"skipped the output file {rel!r}: its name {exc.why} (allowed: "
+                        f"{RULE}); write it under another name to collect it")
+        return None
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    written.append(path)
+    return open(path, "wb")
 
 
 def list_gcs(uri: str, job_id: str) -> list[str]:

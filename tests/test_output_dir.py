@@ -129,6 +129,25 @@ def test_a_local_output_dir_gets_every_hosts_files_back(agents, tmp_path):
     assert os.path.isfile(out / handle.id / "host_0" / "ckpt" / "step_1.bin")
 
 
+def test_collected_output_names_follow_the_rule_for_names_from_elsewhere(agents, tmp_path,
+                                                                         capfd):
+    def write():
+        import os
+
+        import remote_tpu
+        for name in ("kept.txt", "back\\slash.txt"):
+            with open(os.path.join(remote_tpu.output_dir(), name), "w") as f:
+                f.write(name)
+    out = tmp_path / "outputs"
+    _on(agents, str(out))(write)()
+    (job,) = os.listdir(out)
+    files = sorted(os.path.relpath(os.path.join(d, f), out / job)
+                   for d, _, fs in os.walk(out / job) for f in fs)
+    assert files == ["host_0/kept.txt", "host_1/kept.txt"]
+    err = capfd.readouterr().err
+    assert "skipped the output file 'host_0/back\\\\slash.txt': its name holds a backslash" in err
+
+
 def test_bad_output_dirs_and_output_dir_outside_a_job(agents, tmp_path):
     for bad, words in (("s3://bucket/x", "only gs://"), ("gs://Bad_Bucket/x", "not a bucket"),
                        (42, "must be gs://")):

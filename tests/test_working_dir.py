@@ -215,6 +215,33 @@ def test_an_agent_refuses_a_tree_naming_paths_outside_itself(tmp_path):
     assert not os.path.exists(tmp_path / "escape")
 
 
+def test_an_agent_refuses_every_name_the_rule_refuses_naming_it(tmp_path):
+    blob = _cached(tmp_path, b"x")
+    dirs = _workdirs.WorkingDirs(str(tmp_path / "trees"))
+    for bad in ("..", "a/./b", "nul\0x", "a\\b", "a/"):
+        tree = pb.WorkingDir(files=[pb.WorkFile(path=bad, size=1)], digest=b"d" * 16,
+                             blobs=[pb.BlobRef(size=1)])
+        with pytest.raises(ValueError, match="outside itself") as err:
+            dirs.place(tree, [blob])
+        assert repr(bad) in str(err.value)
+
+
+def test_a_link_a_job_left_in_its_tree_cannot_take_a_file_elsewhere(tmp_path):
+    blob = _cached(tmp_path, b"abc")
+    dirs = _workdirs.WorkingDirs(str(tmp_path / "trees"))
+    tree = pb.WorkingDir(files=[pb.WorkFile(path="pkg/__pycache__/sub/f.txt", size=3)],
+                         blobs=[pb.BlobRef(size=3)], digest=b"e" * 16)
+    placed = dirs.place(tree, [blob], job="job-1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    sub = os.path.join(placed, "pkg", "__pycache__", "sub")
+    _workdirs._remove(sub)
+    os.symlink(elsewhere, sub)                                  # what job-1 left
+    dirs.place(tree, [blob], job="job-2")
+    assert list(elsewhere.iterdir()) == []
+    assert not os.path.islink(sub) and open(os.path.join(sub, "f.txt")).read() == "abc"
+
+
 def test_an_agent_keeps_the_last_trees_only(tmp_path):
     blob = _cached(tmp_path, b"abc")
     dirs = _workdirs.WorkingDirs(str(tmp_path / "trees"))
