@@ -15,6 +15,7 @@ import dataclasses
 import mmap
 import os
 import stat
+import warnings
 
 import pathspec
 
@@ -99,16 +100,14 @@ def scan(root: str, ignore: bool = True) -> list[_File]:
     ``ignore``, without what its ignore files leave out)."""
     ignores = _Ignores()
     files = []
-    seen_dirs: set[tuple[int, int]] = set()      # followed links may loop
+    walked: dict[str, tuple[int, int]] = {}     # each directory walked: what it is
     for directory, dirnames, filenames in os.walk(root, onerror=_unreadable,
                                                   followlinks=True):
-        st = os.stat(directory)
-        if (st.st_dev, st.st_ino) in seen_dirs:
-            dirnames[:] = []
-            continue
-        seen_dirs.add((st.st_dev, st.st_ino))
         rel_dir = os.path.relpath(directory, root).replace(os.sep, "/")
         rel_dir = "" if rel_dir == "." else rel_dir
+        if _loops(root, rel_dir, walked):
+            dirnames[:] = []
+            continue
         if ignore:
             ignores.load(root, rel_dir)
         join = (lambda n: f"{rel_dir}/{n}") if rel_dir else (lambda n: n)
@@ -128,6 +127,29 @@ def scan(root: str, ignore: bool = True) -> list[_File]:
                 files.append(_File.of(rel, path, st))
     files.sort(key=lambda f: f.rel)
     return files
+
+
+def _loops(root: str, rel_dir: str, walked: dict[str, tuple[int, int]]) -> bool:
+    """Whether the directory ``rel_dir`` is one of the directories above it
+    (reached through a link: followed, it would never end), said as a
+    warning; else it is remembered in ``walked``. Other links to a directory
+    are followed: their files travel under each path."""
+    st = os.stat(os.path.join(root, rel_dir))
+    key = (st.st_dev, st.st_ino)
+    parts = rel_dir.split("/") if rel_dir else []
+    for i in range(len(parts)):
+        above = "/".join(parts[:i])
+        if walked.get(above) == key:
+            warnings.warn(
+                f"remote_tpu: {os.path.join(root, rel_dir)} leads back to "
+                f"{os.path.join(root, above) if above else root}, a directory that holds "
+                "it: not followed (a loop), so its files travel once, from there. Remove "
+                "the link (or, in a working_dir, list it in .remote_tpu_ignore) to silence "
+                "this",
+                stacklevel=4)
+            return True
+    walked[rel_dir] = key
+    return False
 
 
 def _check_name(root: str, rel: str) -> None:

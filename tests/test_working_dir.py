@@ -280,7 +280,32 @@ def test_links_travel_as_what_they_point_to_and_loops_end(tmp_path):
     os.symlink(tmp_path / "outside" / "lib", root / "lib")
     os.symlink(root, root / "loop")                             # a loop: walked once
     os.symlink(tmp_path / "gone", root / "dangling")
-    assert [f.rel for f in _workdir.scan(str(root))] == ["lib/mod.py", "main.py"]
+    with pytest.warns(UserWarning, match="loop"):
+        assert [f.rel for f in _workdir.scan(str(root))] == ["lib/mod.py", "main.py"]
+
+
+def test_a_link_to_a_directory_in_the_tree_keeps_both_paths(tmp_path):
+    root = str(tmp_path / "aliased")
+    write(root, "data/x.txt", "x")
+    os.symlink("data", os.path.join(root, "alias"))           # sorts before its target
+    os.symlink("data", os.path.join(root, "zalias"))          # and after it
+    assert [f.rel for f in _workdir.scan(root)] == ["alias/x.txt", "data/x.txt",
+                                                    "zalias/x.txt"]
+    tree, buffers, _ = remote_tpu.Data(root)._tree()           # Data trees alike
+    assert sorted(f.path for f in tree.files) == ["alias/x.txt", "data/x.txt",
+                                                  "zalias/x.txt"]
+    blobs = [_write_blob(tmp_path, i, bytes(b.data())) for i, b in enumerate(buffers)]
+    placed = _workdirs.WorkingDirs(str(tmp_path / "trees")).place(tree, blobs)
+    assert [open(os.path.join(placed, d, "x.txt")).read()     # on a host: copies
+            for d in ("alias", "data", "zalias")] == ["x", "x", "x"]
+
+
+def test_a_link_to_an_ancestor_is_cut_saying_so(tmp_path):
+    root = str(tmp_path / "looped")
+    write(root, "sub/f.txt", "f")
+    os.symlink("..", os.path.join(root, "sub", "up"))          # sub/up/sub/up/...
+    with pytest.warns(UserWarning, match=r"sub/up.* leads back to .*looped.* not followed"):
+        assert [f.rel for f in _workdir.scan(root)] == ["sub/f.txt"]
 
 
 def test_names_the_hosts_cannot_write_are_refused_naming_the_file(tmp_path):
