@@ -58,28 +58,43 @@ def _put(target: Target, ref: pb.BlobRef, blob: memoryview,
 
 
 def send(target: Target, payload: Payload,
-         progress: Callable[[int, int], None] | None = None) -> list[pb.BlobRef] | None:
+         progress: Callable[[int, int], None] | None = None, beside: int = 0
+         ) -> list[pb.BlobRef] | None:
     """Make sure the gateway holds every buffer ``payload`` left apart: their
     references for the job spec; None when they must travel in the payload
-    instead (no cache there, or it cannot take them now)."""
+    instead (no cache there, it cannot take them now, or not beside the
+    ``beside`` bytes of the call's trees, which must stay there too)."""
     refs = [pb.BlobRef(digest=d, size=b.nbytes)
             for d, b in zip(payload.blob_digests(), payload.blobs)]
-    ok = send_buffers(target, refs, [lambda b=b: b for b in payload.blobs], progress)
-    return refs if ok else None
+    why = send_buffers(target, refs, [lambda b=b: b for b in payload.blobs], progress,
+                       beside)
+    return None if why else refs
+
+
+def capacity(target: Target) -> int:
+    """The most bytes the gateway's argument cache holds (0: it keeps none)."""
+    return _have(target, []).capacity
+
+
+def _have(target: Target, refs: list[pb.BlobRef]) -> pb.BlobPresence:
+    return target.call(lambda t: t.stub().HaveBlobs(
+        pb.BlobQuery(blobs=refs), timeout=60, metadata=t.credentials.metadata), retry=True)
 
 
 def send_buffers(target: Target, refs: list[pb.BlobRef],
                  data: list[Callable[[], bytes | memoryview]],
-                 progress: Callable[[int, int], None] | None = None) -> bool:
+                 progress: Callable[[int, int], None] | None = None, beside: int = 0
+                 ) -> str:
     """Make sure the gateway holds every buffer of ``refs``, sending those it
-    lacks (``data[i]()`` gives the bytes of ``refs[i]``); False when its cache
-    cannot take them all (there is none, or it is too small or full now).
-    ``progress(sent, total)``: the bytes sent so far of those it lacked."""
-    reply = target.call(lambda t: t.stub().HaveBlobs(
-        pb.BlobQuery(blobs=refs), timeout=60, metadata=t.credentials.metadata), retry=True)
-    unique = {ref.digest: ref.size for ref in refs}
-    if sum(unique.values()) > reply.capacity:       # they could not all stay there at once
-        return False
+    lacks (``data[i]()`` gives the bytes of ``refs[i]``); why its cache cannot
+    take them all, with ``beside`` bytes of others that must stay there too
+    ("" once it holds them). ``progress(sent, total)``: the bytes sent so far
+    of those it lacked."""
+    reply = _have(target, refs)
+    need = sum({ref.digest: ref.size for ref in refs}.values()) + beside
+    if need > reply.capacity:                    # they could not all stay there at once
+        return (f"{need:,} bytes of buffers at once, and it holds at most "
+                f"{reply.capacity:,} (--cache-bytes {reply.capacity})")
     sent: set[bytes] = set()
     total = sum({r.digest: r.size for r, p in zip(refs, reply.present) if not p}.values())
     before = 0                  # bytes of the buffers already sent by this call
@@ -92,9 +107,9 @@ def send_buffers(target: Target, refs: list[pb.BlobRef],
         stored = target.call(lambda t: _put(t, ref, blob, moved), retry=True)
         before += ref.size
         if stored.refused:
-            return False
+            return stored.refused
         sent.add(ref.digest)
         sent_bytes[0] += ref.size
         # A peer that could not take it (stored.onward_failed) is sent it again
         # by the gateway as the job starts, or the job fails naming that host.
-    return True
+    return ""

@@ -17,9 +17,9 @@ import grpc
 
 from . import _blobs as blobs
 from . import _call_lane as call_lane
+from . import _trees
 from ._core import data_wire
 from ._core.channels import BlobsMissing
-from ._core.exceptions import ConfigurationError
 from ._core.limits import INLINE_BYTES
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
@@ -72,15 +72,16 @@ def _requests(spec: pb.JobSpec, payload: Payload,
         yield pb.RunRequest(payload_chunk=chunk)
 
 
-def _with_blobs(target: Target, payload: Payload, status: LiveStatus | None = None
-                ) -> tuple[Payload, list[pb.BlobRef]]:
+def _with_blobs(target: Target, payload: Payload, trees: _trees.Trees,
+                status: LiveStatus | None = None) -> tuple[Payload, list[pb.BlobRef]]:
     """``payload`` and its large buffers' references, once the gateway holds
-    them (``_blobs``); or the payload with its buffers inside, where it cannot."""
+    them (``_blobs``); or the payload with its buffers inside, where it cannot
+    (beside the call's ``trees``, which must stay there too)."""
     if not payload.blobs:
         return payload, []
     started = time.monotonic()
     refs = blobs.send(target, payload, None if status is None else (
-        lambda sent, total: status.uploading(sent, total, started)))
+        lambda sent, total: status.uploading(sent, total, started)), beside=trees.nbytes())
     if refs is None:
         return payload.inline(), []
     return payload, refs
@@ -108,17 +109,13 @@ def _job_env(options: RunOptions) -> dict[str, str]:
 
 
 def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
-          attempt: int = 0, earlier: list | None = None, submitted: bool = False
-          ) -> pb.JobSpec:
-    """The job's spec, once the gateway holds its tree (working_dir=); with
-    retries=, REMOTE_TPU_ATTEMPT says which attempt it is."""
+          trees: _trees.Trees, attempt: int = 0, earlier: list | None = None,
+          submitted: bool = False) -> pb.JobSpec:
+    """The job's spec, once the gateway holds its ``trees`` (working_dir=,
+    local Data); with retries=, REMOTE_TPU_ATTEMPT says which attempt it is."""
     topology = options.topology
     jt = options.jax_timeouts
-    tree = None
-    if options.working_dir:
-        from . import _workdir
-        tree = _workdir.prepare(target, options.working_dir)
-    data, gcs = _data_trees(target, payload)
+    tree, data = _trees.send(target, trees)
     spec = pb.JobSpec(
         client_versions=versions_pb(), job_id=job_id, accelerator=topology.name,
         num_hosts=topology.hosts * options.num_slices, num_slices=options.num_slices,
@@ -136,7 +133,7 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
         collect_outputs=bool(options.output_dir) and not options.output_dir.startswith("gs://"),
         requirements=list(options.requirements),
         allow_jax_requirements=options.allow_jax_requirements,
-        data=data, gcs_data=gcs, keep_going=options.keep_going,
+        data=data, gcs_data=trees.gcs, keep_going=options.keep_going,
         profile_seconds=options.profile,
         result_over_data_port=data_wire.worth_trying(target.gateway, target.credentials),
         value_in_end=True,
@@ -154,29 +151,6 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
     return spec
 
 
-def _data_trees(target: Target, payload: Payload) -> tuple[list[pb.WorkingDir], list[str]]:
-    """The call's local remote_tpu.Data: staged to GCS (unless there already),
-    or sent to the gateway's argument cache (what it lacks); their trees, and
-    the gs:// URIs the hosts fetch."""
-    met = getattr(payload, "data", None)
-    if met is None:
-        return [], []
-    if met.staged:
-        from ._data import stage
-        for data, where in met.staged:
-            stage(data, where)
-    trees = []
-    for tree, buffers in met.trees:
-        if buffers and not blobs.send_buffers(target, list(tree.blobs),
-                                              [b.data for b in buffers]):
-            raise ConfigurationError(
-                f"the agent at {target.gateway} cannot keep a remote_tpu.Data argument "
-                f"({sum(b.size for b in buffers):,} bytes) in its argument cache: start the "
-                "agents with a larger --cache-bytes, or pass staging='gs://bucket/prefix'")
-        trees.append(tree)
-    return trees, list(dict.fromkeys(met.gcs))
-
-
 def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
          earlier: list | None = None) -> Any:
     """Run attached: output shown live, the value returned; the job is cancelled
@@ -188,8 +162,9 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
     # the lane to the gateway, "maybe" while gRPC waits for its first event.
     sent = [""]
     try:
-        payload, refs = _with_blobs(target, payload, status)
-        spec = _spec(options, payload, job_id, target, attempt, earlier)
+        trees = _trees.prepare(target, options.working_dir, payload)
+        payload, refs = _with_blobs(target, payload, trees, status)
+        spec = _spec(options, payload, job_id, target, trees, attempt, earlier)
         spec.blobs.extend(refs)
         if options.keep_warm and not target.local:
             _release_at_exit(target)
@@ -211,7 +186,7 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
         except BlobsMissing:     # evicted since they were sent: they go inside this time
             payload = payload.inline()
             spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,
-                         attempt, earlier)
+                         trees, attempt, earlier)
             job_id = spec.job_id
             stream = target.call(lambda t: start(t, lane=False), retry=True)
     except BaseException as exc:
@@ -356,8 +331,9 @@ def submit(options: RunOptions, payload: Payload, job_id: str) -> JobHandle:
     """Queue the job and return its handle at once; retried on transient faults
     only, which cannot start it twice (the agent knows the job id)."""
     target = _target(options)
-    payload, refs = _with_blobs(target, payload)
-    spec = _spec(options, payload, job_id, target, submitted=True)
+    trees = _trees.prepare(target, options.working_dir, payload)
+    payload, refs = _with_blobs(target, payload, trees)
+    spec = _spec(options, payload, job_id, target, trees, submitted=True)
     spec.blobs.extend(refs)
 
     def send() -> None:
@@ -370,7 +346,7 @@ def submit(options: RunOptions, payload: Payload, job_id: str) -> JobHandle:
     except BlobsMissing:         # evicted since they were sent: they go inside this time
         payload = payload.inline()
         spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,
-                     submitted=True)
+                     trees, submitted=True)
         job_id = spec.job_id
         send()
     return JobHandle(job_id, target, accelerator=options.topology.name,

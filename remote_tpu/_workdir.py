@@ -19,7 +19,6 @@ import warnings
 
 import pathspec
 
-from . import _blobs
 from ._core import digests
 from ._core.exceptions import ConfigurationError
 from ._core.proto import remote_tpu_pb2 as pb
@@ -270,17 +269,3 @@ def describe(root: str, limit: int | None = LIMIT_BYTES, files: list[_File] | No
                        offset=offset)
     tree.digest = digests.of(tree.SerializeToString(deterministic=True))
     return tree, buffers
-
-
-def prepare(target, root: str) -> pb.WorkingDir:
-    """Describe the tree and make sure the gateway holds its buffers (sending
-    those it lacks); the description, for the job spec."""
-    tree, buffers = describe(root)
-    if buffers and not _blobs.send_buffers(target, list(tree.blobs),
-                                           [b.data for b in buffers]):
-        raise ConfigurationError(
-            f"the agent at {target.gateway} cannot keep working_dir {root} "
-            f"({_human(sum(b.size for b in buffers))}) in its argument cache: start the "
-            "agents with a larger --cache-bytes (0 turns the cache off), or make the tree "
-            "smaller with a .remote_tpu_ignore")
-    return tree

@@ -15,7 +15,7 @@ import pytest
 import remote_tpu
 from conftest import Agents, on_agents, wait_until
 from remote_tpu import _blobs
-from remote_tpu._core.exceptions import JobFailedError
+from remote_tpu._core.exceptions import ConfigurationError, JobFailedError
 from remote_tpu._core.limits import CHUNK_SIZE
 from remote_tpu_agent._cache_dir import default_dir
 
@@ -369,3 +369,71 @@ def test_a_peer_lacking_a_buffer_is_sent_it_from_the_gateways_cache(pair, tmp_pa
     assert ask() == [True]
     assert ensure_on([peer], [ref], cache.path, credentials) == ({}, set())  # there: none sent
     cache.close()
+
+
+CACHE = 4 << 20
+
+
+def _trees(tmp_path, nbytes: int) -> tuple[str, remote_tpu.Data, list[int]]:
+    """A working_dir and a local Data directory, one file each (each its own
+    buffer: 1 MiB and more), of ``nbytes`` together; their sizes."""
+    sizes = [nbytes // 2, nbytes - nbytes // 2]
+    root, data = tmp_path / f"project-{nbytes}", tmp_path / f"data-{nbytes}"
+    root.mkdir()
+    data.mkdir()
+    (root / "weights.bin").write_bytes(os.urandom(sizes[0]))
+    (data / "shard.bin").write_bytes(os.urandom(sizes[1]))
+    return str(root), remote_tpu.Data(str(data)), sizes
+
+
+def _sizes_seen(data, array=None):
+    import os
+    return [os.path.getsize("weights.bin"), os.path.getsize(os.path.join(data, "shard.bin")),
+            0 if array is None else int(array.nbytes)]
+
+
+@pytest.fixture
+def small_cache():
+    agents = Agents(2, devices=2, extra=["--spare-workers", "0", "--cache-bytes",
+                                         str(CACHE)])
+    yield agents
+    agents.stop()
+
+
+def _call(agents, root, *args):
+    return on_agents(agents, accelerator="tpu-v4-16", stream="none",
+                     working_dir=root)(_sizes_seen)(*args)
+
+
+@pytest.mark.slow
+def test_working_dir_and_data_over_the_cache_together_are_refused_up_front(
+        small_cache, sends, tmp_path):
+    root, data, sizes = _trees(tmp_path, CACHE)              # exactly the cache: they fit
+    assert _call(small_cache, root, data) == sizes + [0]
+    assert sorted(sends) == sorted(sizes)
+
+    sends.clear()
+    root, data, sizes = _trees(tmp_path, CACHE + 1)          # one byte more
+    with pytest.raises(ConfigurationError) as err:
+        _call(small_cache, root, data)
+    text = str(err.value)
+    assert f"{CACHE + 1:,} bytes" in text and f"--cache-bytes {CACHE:,}" in text
+    assert f"--cache-bytes {CACHE + 1} or more" in text and "staging=" in text
+    assert "call again" not in text
+    assert sends == []                                        # refused before sending
+
+
+@pytest.mark.slow
+def test_arguments_that_would_not_fit_beside_the_trees_go_inside_the_call(
+        small_cache, sends, tmp_path):
+    array = np.full(1 << 20, 7, dtype=np.uint8)
+    root, data, sizes = _trees(tmp_path, CACHE - (1 << 20))  # with it: exactly the cache
+    assert _call(small_cache, root, data, array) == sizes + [1 << 20]
+    assert sorted(sends) == sorted(sizes + [1 << 20])
+
+    sends.clear()
+    array = np.full(1 << 20, 8, dtype=np.uint8)               # (not in the cache yet)
+    root, data, sizes = _trees(tmp_path, CACHE - (1 << 20) + 1)   # one byte more: the
+    assert _call(small_cache, root, data, array) == sizes + [1 << 20]   # array goes in
+    assert sorted(sends) == sorted(sizes)                     # the call, never sent
+

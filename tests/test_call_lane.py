@@ -153,9 +153,10 @@ def test_a_call_whose_caller_goes_away_at_once_is_cancelled(slice_):
     step(0)
     from remote_tpu._core.serialization import dumps_call
     from remote_tpu._client import _requests, _spec, _target
+    from remote_tpu._trees import Trees
     for i in range(5):
         payload = dumps_call(step._fn, (30,), {})
-        spec = _spec(step.options, payload, f"gone-{i}", _target(step.options))
+        spec = _spec(step.options, payload, f"gone-{i}", _target(step.options), Trees())
         sock = lane._take(next(iter(lane._lanes)))
         lane.send_frame(sock, lane.CALL, next(_requests(spec, payload)).SerializeToString())
         sock.shutdown(__import__("socket").SHUT_RDWR)
@@ -178,7 +179,7 @@ def test_buffers_evicted_since_they_were_sent_go_inside_the_call_on_a_lane_too(
 
     step = _on(slice_, keep_warm=60)(lambda a=None: 0.0 if a is None else float(a.sum()))
     assert step() == 0.0
-    monkeypatch.setattr(_client.blobs, "send", lambda target, payload, progress=None: [
+    monkeypatch.setattr(_client.blobs, "send", lambda target, payload, progress=None, beside=0: [
         pb.BlobRef(digest=d, size=b.nbytes)
         for d, b in zip(payload.blob_digests(), payload.blobs)])     # said held, never sent
     assert step(np.ones(1 << 19, dtype=np.float32)) == float(1 << 19)
