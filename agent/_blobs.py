@@ -111,6 +111,16 @@ class BlobCache:
     def missing(self, refs: Sequence[pb.BlobRef]) -> list[pb.BlobRef]:
         return [r for r in refs if not self.has(r)]
 
+    def too_small(self, refs: Sequence[pb.BlobRef]) -> str:
+        """Why these buffers can never all be here at once ("" if they can):
+        each pushes another out as it arrives, whatever is tried again."""
+        need = sum({r.digest: r.size for r in refs}.values())
+        if need <= self.max_bytes:
+            return ""
+        return (f"its argument cache (--cache-bytes {self.max_bytes:,}) is smaller than the "
+                f"{need:,} bytes of buffers the call needs there at once: start it with "
+                f"--cache-bytes {need} or more (give every agent of a slice the same)")
+
     def _evict(self, room: int) -> bool:
         """(Lock held.) Make ``room`` bytes of space; whether it could be made
         (when it cannot, nothing is evicted)."""

@@ -108,10 +108,13 @@ class GatewayRole:
             record.blob_paths = paths
             record.unpin = lambda: cache.unpin(refs)
             return
-        missing = len(cache.missing(refs))
-        why = (f"{missing} of the call's {len(refs)} large argument buffer(s) are not in the "
-               f"argument cache of the agent at {self._host.endpoint()} (sent too long ago and "
-               "evicted, or never sent): nothing was run; call again, which sends them")
+        too_small = cache.too_small(refs)
+        why = (f"the agent at {self._host.endpoint()}: {too_small}; nothing was run"
+               if too_small else
+               f"{len(cache.missing(refs))} of the call's {len(refs)} large argument "
+               f"buffer(s) are not in the argument cache of the agent at "
+               f"{self._host.endpoint()} (sent too long ago and evicted, or never sent): "
+               "nothing was run; call again, which sends them")
         record.set_phase(pb.JOB_PHASE_FAILED, why, pb.JobEnd(
             state=pb.JOB_STATE_FAILED, root_cause_host=-1, detail=why))
         context.set_trailing_metadata(((ERROR_KIND_KEY, "blobs-missing"),))

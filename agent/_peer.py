@@ -151,6 +151,9 @@ class PeerRole:
         paths = self._host.blobs.pin(refs_of(spec))
         if paths is not None:
             return paths, ""
+        too_small = self._host.blobs.too_small(refs_of(spec))
+        if too_small:
+            return None, f"host {self._host.endpoint()}: {too_small}"
         missing = len(self._host.blobs.missing(refs_of(spec)))
         return None, (f"host {self._host.endpoint()} lacks {missing} of the call's large "
                       "argument buffers (its argument cache evicted them): call again")

@@ -437,3 +437,34 @@ def test_arguments_that_would_not_fit_beside_the_trees_go_inside_the_call(
     assert _call(small_cache, root, data, array) == sizes + [1 << 20]   # array goes in
     assert sorted(sends) == sorted(sizes)                     # the call, never sent
 
+
+@pytest.mark.slow
+def test_a_peer_whose_cache_is_too_small_for_the_call_says_what_to_raise(
+        small_cache, tmp_path):
+    small_cache.procs[1].terminate()
+    small_cache.cmds[1][small_cache.cmds[1].index("--cache-bytes") + 1] = str(CACHE // 2)
+    small_cache.restart(1)
+    root, data, sizes = _trees(tmp_path, CACHE // 2 + 1)     # fits the gateway's only
+    with pytest.raises(JobFailedError) as err:
+        _call(small_cache, root, data)
+    text = str(err.value)
+    assert small_cache.addresses[1] in text and f"--cache-bytes {CACHE // 2:,}" in text
+    assert f"--cache-bytes {CACHE // 2 + 1} or more" in text
+    assert "call again" not in text
+
+
+def test_a_cache_says_when_a_calls_buffers_can_never_all_be_in_it(tmp_path):
+    from remote_tpu._core.proto import remote_tpu_pb2 as pb
+    from remote_tpu_agent._blobs import BlobCache
+
+    cache = BlobCache(str(tmp_path / "cache"), CACHE)
+    try:
+        refs = [pb.BlobRef(digest=bytes([i]) * 16, size=CACHE // 2) for i in range(2)]
+        assert cache.too_small(refs + refs[:1]) == ""          # exactly: (one counted once)
+        refs[1].size += 1                                        # one byte past
+        assert cache.too_small(refs) == (
+            f"its argument cache (--cache-bytes {CACHE:,}) is smaller than the "
+            f"{CACHE + 1:,} bytes of buffers the call needs there at once: start it with "
+            f"--cache-bytes {CACHE + 1} or more (give every agent of a slice the same)")
+    finally:
+        cache.close()
