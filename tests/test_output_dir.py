@@ -129,6 +129,7 @@ def test_a_local_output_dir_gets_every_hosts_files_back(agents, tmp_path):
     assert os.path.isfile(out / handle.id / "host_0" / "ckpt" / "step_1.bin")
 
 
+@pytest.mark.slow
 def test_collected_output_names_follow_the_rule_for_names_from_elsewhere(agents, tmp_path,
                                                                          capfd):
     def write():
