@@ -93,7 +93,8 @@ def _serve_parser() -> argparse.ArgumentParser:
                         "private network you trust")
     p.add_argument("--pass-env", default="",
                    help="comma-separated names of this agent's environment variables that "
-                        "user functions may see (beyond PATH, HOME, locale, TPU/JAX/XLA ...)")
+                        "the processes it starts (user functions, installers) may see "
+                        "(beyond PATH, HOME, locale, TPU/JAX/XLA ...; never REMOTE_TPU_*)")
     p.add_argument("--python", action="append", default=[], metavar="PATH",
                    help="an interpreter of another Python minor version, for clients that "
                         "run it (repeatable; else pythonX.Y on PATH, or uv's)")

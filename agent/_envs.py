@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import site
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -23,7 +22,8 @@ from remote_tpu._core.dirs import prune_oldest
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.requirements import protected, refusal
 
-from ._pythons import EnvError, Pythons, run_installer
+from ._process import Children
+from ._pythons import EnvError, Pythons
 from ._worker import ENV_PYTHON
 
 __all__ = ["EnvError", "Envs"]
@@ -40,20 +40,22 @@ class Envs:
         self.pythons = pythons or Pythons(os.path.join(root, "pythons"))
         self._lock = threading.Lock()
 
-    def for_job(self, spec: pb.JobSpec, simulate: bool,
-                say: Callable[[str], None]) -> dict[str, str]:
+    def for_job(self, spec: pb.JobSpec, simulate: bool, say: Callable[[str], None],
+                children: Children) -> dict[str, str]:
         """What a job's worker environment needs to run it here: the
         interpreter of its requirements= environment, on the client's Python
-        (``_pythons``); {} for the agent's own. EnvError."""
-        base = self.pythons.base(spec.client_versions, simulate, say)
-        python = self.python_for(spec.requirements, spec.allow_jax_requirements, say, base)
+        (``_pythons``); {} for the agent's own. What it runs to make them runs
+        as ``children``. EnvError, Stopped."""
+        base = self.pythons.base(spec.client_versions, simulate, say, children)
+        python = self.python_for(spec.requirements, spec.allow_jax_requirements, say,
+                                 children, base)
         if base is None:
             return {ENV_PYTHON: python} if python else {}
         path = [self.pythons.shim(), *filter(None, [os.environ.get("PYTHONPATH")])]
         return {ENV_PYTHON: python or base[0], "PYTHONPATH": os.pathsep.join(path)}
 
     def python_for(self, requirements: Sequence[str], allow_protected: bool,
-                   say: Callable[[str], None],
+                   say: Callable[[str], None], children: Children,
                    base: tuple[str, list[str]] | None = None) -> str:
         """The interpreter of the environment for ``requirements`` (made first,
         its installer's output passed to ``say`` line by line), layered on
@@ -73,7 +75,8 @@ class Envs:
             if not os.path.exists(os.path.join(path, ".remote_tpu-ready")):
                 shutil.rmtree(path, ignore_errors=True)
                 try:
-                    self._make(path, python, requirements, say, base_python, base_sites)
+                    self._make(path, python, requirements, say, base_python, base_sites,
+                               children)
                 except BaseException:
                     shutil.rmtree(path, ignore_errors=True)
                     raise
@@ -81,13 +84,12 @@ class Envs:
             prune_oldest(self.root, KEEP, {path})
         return python
 
-    @staticmethod
-    def _make(path: str, python: str, requirements: Sequence[str],
-              say: Callable[[str], None], base_python: str, base_sites: list[str]) -> None:
+    def _make(self, path: str, python: str, requirements: Sequence[str],
+              say: Callable[[str], None], base_python: str, base_sites: list[str],
+              children: Children) -> None:
         say(f"remote_tpu: making an environment for {len(requirements)} requirement(s) "
             f"on this host (once): {path}")
-        subprocess.run([base_python, "-m", "venv", "--without-pip", path], check=True,
-                       capture_output=True, timeout=120)
+        self.pythons.make_venv([base_python, "-m", "venv", "--without-pip", path], children)
         lib = os.path.join(path, "lib")
         own = os.path.join(lib, next(d for d in os.listdir(lib) if d.startswith("python")),
                            "site-packages")
@@ -101,7 +103,7 @@ class Envs:
         cmd = ([uv, "pip", "install", "--python", python, "-r", req] if uv else
                [sys.executable, "-m", "pip", "--python", python, "install",
                 "--disable-pip-version-check", "--no-input", "-r", req])
-        run_installer(cmd, say, "installing the requirements")
+        self.pythons.install(cmd, say, "installing the requirements", children)
         open(os.path.join(path, ".remote_tpu-ready"), "w").close()
 
 

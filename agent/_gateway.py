@@ -27,6 +27,7 @@ from ._host import Host
 from ._job_views import status_of, watch
 from ._job_views import result as result_events
 from ._requests import Refused, abort, hosts_for
+from ._process import Children
 from ._scheduler import JobRefused, Scheduler
 from ._store import JobRecord
 from ._envs import EnvError
@@ -171,7 +172,7 @@ class GatewayRole:
         try:
             call_paths, tree, data = place_job(self._host.workdirs, spec, record.blob_paths)
             extra = self._host.envs.for_job(spec, self._host.simulated,
-                                            lambda line: record.say(0, line))
+                                            lambda line: record.say(0, line), Children())
             return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
                               payload=record.payload, blob_paths=call_paths, working_dir=tree,
                               data=data,

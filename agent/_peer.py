@@ -37,6 +37,7 @@ from ._lane import PeerLane
 from ._requests import Refused, abort
 from ._runner import WorkerRun
 from ._envs import EnvError
+from ._process import Children
 from ._outputs import OutputSync
 from ._store import JobRecord
 from ._workdirs import place_job, refs_of
@@ -120,7 +121,7 @@ class PeerRole:
         (its installer's lines to ``say``). OSError, ValueError, EnvError."""
         call_paths, working_dir, data = place_job(self._host.workdirs, spec, blob_paths)
         env = {**self._host.env_for(spec, spec.process_id, spec.coordinator_address),
-               **self._host.envs.for_job(spec, self._host.simulated, say)}
+               **self._host.envs.for_job(spec, self._host.simulated, say, Children())}
         return Call(job_dir=record.dir, payload=payload, digest=spec.payload_digest.hex(),
                     env=env,
                     blobs=call_paths, working_dir=working_dir, data=data,

@@ -25,16 +25,20 @@ command that fixes it.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from remote_tpu._core import digests
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.versions import local_versions
+
+from ._process import Children
+from ._worker_env import child_environment
 
 _VERSION_OF = "import sys; print('%d.%d' % sys.version_info[:2])"
 _PROBE = ("import json, sys, importlib.metadata as m\n"
@@ -56,12 +60,17 @@ def minor(version: str) -> str:
 
 
 class Pythons:
-    """The interpreters this host's workers may run on, besides the agent's."""
+    """The interpreters this host's workers may run on, besides the agent's;
+    ``env``: the environment of the installers and probes it runs (and of
+    ``_envs``'), by default ``child_environment``'s for an installer."""
 
-    def __init__(self, root: str, known: Sequence[str] = (), downloads: bool = True) -> None:
+    def __init__(self, root: str, known: Sequence[str] = (), downloads: bool = True,
+                 env: Mapping[str, str] | None = None) -> None:
         self.root = root
         self.known = [os.path.abspath(p) for p in known]
         self.downloads = downloads
+        self.env = dict(env) if env is not None else child_environment(os.environ,
+                                                                        installer=True)
         self._versions: dict[str, str] = {}
         # What base() found, per (version, cloudpickle, simulate): found once,
         # not probed again by every job (each probe is a process of its own).
@@ -77,22 +86,23 @@ class Pythons:
             return None
         return want
 
-    def interpreter(self, version: str) -> str:
+    def interpreter(self, version: str, children: Children | None = None) -> str:
         """An interpreter of Python ``version`` (``3.12``) on this host, or
-        EnvError saying how to get one."""
+        EnvError saying how to get one. Its probes run as ``children``."""
+        children = children or Children()
         for path in self.known:
-            if self._version(path) == version:
+            if self._version(path, children) == version:
                 return path
         found = shutil.which(f"python{version}")
-        if found and self._version(found) == version:
+        if found and self._version(found, children) == version:
             return found
         uv = shutil.which("uv")
         if uv:
-            found = self._uv(uv, "find", version)
+            found = self._uv(uv, "find", version, children)
             if not found and self.downloads:
-                self._uv(uv, "install", version)
-                found = self._uv(uv, "find", version)
-            if found and self._version(found) == version:
+                self._uv(uv, "install", version, children)
+                found = self._uv(uv, "find", version, children)
+            if found and self._version(found, children) == version:
                 return found
         ours = minor(str(local_versions()["python"]))
         raise EnvError(
@@ -102,46 +112,44 @@ class Pythons:
             f"restart the agent with `--python $(uv python find {version})` (or put "
             f"python{version} on its PATH); or run the client on Python {ours}")
 
-    def _version(self, path: str) -> str:
+    def _version(self, path: str, children: Children) -> str:
         if path not in self._versions:
             try:
-                out = subprocess.run([path, "-c", _VERSION_OF], capture_output=True,
-                                     text=True, timeout=30, stdin=subprocess.DEVNULL)
+                out = children.run([path, "-c", _VERSION_OF], self.env, timeout=30)
                 self._versions[path] = out.stdout.strip() if out.returncode == 0 else ""
             except (OSError, subprocess.TimeoutExpired):
                 self._versions[path] = ""
         return self._versions[path]
 
-    @staticmethod
-    def _uv(uv: str, verb: str, version: str) -> str:
+    def _uv(self, uv: str, verb: str, version: str, children: Children) -> str:
         try:
-            out = subprocess.run([uv, "python", verb, version], capture_output=True,
-                                 text=True, timeout=600, stdin=subprocess.DEVNULL)
+            out = children.run([uv, "python", verb, version], self.env, timeout=600)
         except (OSError, subprocess.TimeoutExpired):
             return ""
         lines = out.stdout.strip().splitlines()
         return lines[-1].strip() if out.returncode == 0 and lines and verb == "find" else ""
 
-    def base(self, versions: pb.Versions, simulate: bool,
-             say: Callable[[str], None]) -> tuple[str, list[str]] | None:
+    def base(self, versions: pb.Versions, simulate: bool, say: Callable[[str], None],
+             children: Children) -> tuple[str, list[str]] | None:
         """(interpreter, its site-packages) a job from a client with
-        ``versions`` runs on, made first if need be; None: the agent's own."""
+        ``versions`` runs on, made first if need be (its processes run as
+        ``children``); None: the agent's own."""
         want = self.wanted(versions)
         if want is None:
             return None
         found = self._bases.get((*want, simulate))
         if found is not None and os.path.exists(found[0]):
             return found
-        found = self._base(*want, versions.jax, simulate, say)
+        found = self._base(*want, versions.jax, simulate, say, children)
         self._bases[(*want, simulate)] = found
         return found
 
     def _base(self, version: str, cloudpickle: str, client_jax: str, simulate: bool,
-              say: Callable[[str], None]) -> tuple[str, list[str]]:
-        python = self.interpreter(version)
+              say: Callable[[str], None], children: Children) -> tuple[str, list[str]]:
+        python = self.interpreter(version, children)
         # The host's jax release (it matches its libtpu), else the client's.
         jax = str(local_versions()["jax"]) or client_jax
-        probe = _probe(python)
+        probe = self.probe(python, children)
         if probe.get("cloudpickle") == cloudpickle and probe.get("xxhash") and \
                 (not jax or probe.get("jax") == jax):
             return python, list(probe.get("sites", []))
@@ -155,26 +163,63 @@ class Pythons:
                     self._make(path, python, env_python, [
                         f"cloudpickle=={cloudpickle}" if cloudpickle else "cloudpickle",
                         "xxhash>=3.4",
-                        *([f"jax{'' if simulate else '[tpu]'}=={jax}"] if jax else [])], say)
+                        *([f"jax{'' if simulate else '[tpu]'}=={jax}"] if jax else [])], say,
+                        children)
                 except BaseException:
                     shutil.rmtree(path, ignore_errors=True)
                     raise
             os.utime(path)
-        return env_python, list(_probe(env_python).get("sites", []))
+        return env_python, list(self.probe(env_python, children).get("sites", []))
 
-    @staticmethod
-    def _make(path: str, python: str, env_python: str, packages: list[str],
-              say: Callable[[str], None]) -> None:
+    def _make(self, path: str, python: str, env_python: str, packages: list[str],
+              say: Callable[[str], None], children: Children) -> None:
         say(f"remote_tpu: making a Python {os.path.basename(path).split('-')[0][6:]} "
             f"environment for this client's calls on this host (once): {path}")
-        subprocess.run([python, "-m", "venv", path], check=True, capture_output=True,
-                       timeout=300, stdin=subprocess.DEVNULL)
+        self.make_venv([python, "-m", "venv", path], children)
         uv = shutil.which("uv")
         cmd = ([uv, "pip", "install", "--python", env_python, *packages] if uv else
                [env_python, "-m", "pip", "install", "--disable-pip-version-check",
                 "--no-input", *packages])
-        run_installer(cmd, say, "installing what a worker needs")
+        self.install(cmd, say, "installing what a worker needs", children)
         open(os.path.join(path, ".remote_tpu-ready"), "w").close()
+
+    def make_venv(self, cmd: list[str], children: Children) -> None:
+        """Run ``python -m venv ...``; EnvError with its words when it fails."""
+        try:
+            done = children.run(cmd, self.env, timeout=300)
+        except subprocess.TimeoutExpired:
+            raise EnvError(f"`{' '.join(cmd)}` took over 300 s") from None
+        if done.returncode:
+            raise EnvError(f"`{' '.join(cmd)}` failed (exit {done.returncode}): "
+                           f"{(done.stderr or done.stdout).strip()[-2000:]}")
+
+    def probe(self, python: str, children: Children) -> dict:
+        """What ``python`` has: its cloudpickle, xxhash and jax releases
+        ("" for none) and its site-packages; {} when it cannot say."""
+        try:
+            out = children.run([python, "-c", _PROBE], self.env, timeout=60)
+            return json.loads(out.stdout) if out.returncode == 0 else {}
+        except (OSError, subprocess.TimeoutExpired, ValueError):
+            return {}
+
+    def install(self, cmd: list[str], say: Callable[[str], None], what: str,
+                children: Children) -> None:
+        """Run an installer, its output passed to ``say`` line by line; EnvError
+        with its last lines when it fails."""
+        proc = children.popen(cmd, self.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace")
+        tail: collections.deque[str] = collections.deque(maxlen=15)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                say(line.rstrip("\n"))
+                tail.append(line.rstrip("\n"))
+            proc.wait()
+        finally:
+            children.done(proc)
+        if proc.returncode != 0:
+            raise EnvError(f"{what} failed ({os.path.basename(cmd[0])} exited with "
+                           f"{proc.returncode}); its last lines:\n" + "\n".join(tail))
 
     def shim(self) -> str:
         """A directory with only this agent's remote_tpu and remote_tpu_agent
@@ -195,28 +240,4 @@ class Pythons:
                 os.symlink(target, tmp)
                 os.replace(tmp, link)
         return path
-
-
-def _probe(python: str) -> dict:
-    try:
-        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True,
-                             timeout=60, stdin=subprocess.DEVNULL)
-        return json.loads(out.stdout) if out.returncode == 0 else {}
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return {}
-
-
-def run_installer(cmd: list[str], say: Callable[[str], None], what: str) -> None:
-    """Run an installer, its output passed to ``say`` line by line; EnvError
-    with its last lines when it fails."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, errors="replace")
-    tail: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        say(line.rstrip("\n"))
-        tail = (tail + [line.rstrip("\n")])[-15:]
-    if proc.wait() != 0:
-        raise EnvError(f"{what} failed ({os.path.basename(cmd[0])} exited with "
-                          f"{proc.returncode}); its last lines:\n" + "\n".join(tail))
 

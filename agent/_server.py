@@ -58,7 +58,7 @@ from ._envs import Envs
 from ._pythons import Pythons
 from ._workdirs import WorkingDirs
 from ._spares import Spares
-from ._worker_env import (num_processes, num_slices, passed_environment, spare_env,
+from ._worker_env import (child_environment, num_processes, num_slices, spare_env,
                           worker_env)
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class AgentService(pb_grpc.AgentServicer):
         uploads = Uploads(self.state_dir, lambda: self.endpoint, self.store.full_message)
         self.tpu = TpuGuard.for_agent(config.simulate_devices, config.tpu_lockfile,
                                       config.tpu_devices, config.kill_tpu_holders)
-        self._worker_base_env = passed_environment(os.environ, config.pass_env)
+        self._worker_base_env = child_environment(os.environ, config.pass_env)
         self.spares = Spares(spare_env(self._worker_base_env, config.simulate_devices),
                              self.state_dir, config.spare_workers, config.light_spares)
         self.blobs = BlobCache(config.cache_dir or default_dir(self.state_dir),
@@ -91,7 +91,8 @@ class AgentService(pb_grpc.AgentServicer):
                     workdirs=WorkingDirs(os.path.join(self.state_dir, "workdirs")),
                     envs=Envs(os.path.join(self.state_dir, "envs"), Pythons(
                         os.path.join(self.state_dir, "pythons"), config.pythons,
-                        config.python_downloads)),
+                        config.python_downloads, child_environment(
+                            os.environ, config.pass_env, installer=True))),
                     output_interval=config.output_interval,
                     simulated=bool(config.simulate_devices),
                     data_port=lambda: self.data_port)

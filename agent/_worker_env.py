@@ -42,11 +42,13 @@ from remote_tpu._core.multislice import MEGASCALE_PORT, megascale_env, place
 
 from . import _worker
 
-# What of the agent's own environment a worker sees: what a Python program needs
-# to run, and what configures the accelerator stack. Nothing else (the agent's
-# token least of all) unless the agent is started with --pass-env NAME. Where
-# Google Cloud Storage is and which project (remote_tpu.Data fetches with them)
-# pass; a credentials file does not (a TPU VM's come from its metadata server).
+# What of the agent's own environment a process it starts sees (a worker, a
+# spare, a command a job runs, an installer, an interpreter probe): what a
+# Python program needs to run, and what configures the accelerator stack.
+# Nothing else (the agent's token least of all) unless the agent is started
+# with --pass-env NAME. Where Google Cloud Storage is and which project
+# (remote_tpu.Data fetches with them) pass; a credentials file does not (a TPU
+# VM's come from its metadata server).
 _PASSED_NAMES = frozenset({
     "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
     "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH",
@@ -54,13 +56,31 @@ _PASSED_NAMES = frozenset({
 })
 _PASSED_PREFIXES = ("LC_", "TPU_", "JAX_", "XLA_", "LIBTPU_", "CLOUD_TPU_", "TF_CPP_",
                     "OPENBLAS_", "OMP_", "MKL_")
+# An installer (pip, uv) and the interpreters it sets up also see their own
+# configuration: the host's index, proxies and certificate authorities.
+_INSTALLER_NAMES = frozenset({
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+    "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+})
+_INSTALLER_PREFIXES = ("PIP_", "UV_")
+# The agent's own variables (its token, token file, TLS key and certificate
+# paths among them) never reach a child, even named with --pass-env; a worker
+# gets the REMOTE_TPU_* of its job from worker_env alone.
+_NEVER_PREFIX = "REMOTE_TPU_"
 
 
-def passed_environment(base: Mapping[str, str], extra: frozenset[str] = frozenset()
-                       ) -> dict[str, str]:
-    return {k: v for k, v in base.items()
-            if (k in _PASSED_NAMES or k.startswith(_PASSED_PREFIXES) or k in extra)
-            and not k.startswith("REMOTE_TPU_")}
+def child_environment(base: Mapping[str, str], extra: frozenset[str] = frozenset(),
+                      installer: bool = False) -> dict[str, str]:
+    """What of the agent's environment ``base`` a process the agent starts
+    sees: the one rule for all of them (SECURITY.md). ``extra``: the names
+    given with --pass-env; ``installer``: pip's and uv's configuration too."""
+    def passed(name: str) -> bool:
+        return (name in _PASSED_NAMES or name.startswith(_PASSED_PREFIXES) or name in extra
+                or (installer and (name in _INSTALLER_NAMES
+                                   or name.startswith(_INSTALLER_PREFIXES))))
+    return {k: v for k, v in base.items() if passed(k) and not k.startswith(_NEVER_PREFIX)}
 
 
 def spare_env(base: Mapping[str, str], simulate_devices: int) -> dict[str, str]:
@@ -248,7 +268,7 @@ def _tpu_variables(base: Mapping[str, str], spec: pb.JobSpec, process_id: int,
 def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
                coordinator: str, simulate_devices: int,
                host_addresses: Sequence[str] = ()) -> dict[str, str]:
-    """The environment of one worker: the agent's (as passed_environment has
+    """The environment of one worker: the agent's (as child_environment has
     filtered it), the user's ``env=``, and JAX's.
 
     ``host_addresses``: the slice's hosts (address only, no port) in worker

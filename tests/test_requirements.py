@@ -3,38 +3,15 @@ layered on its own Python; the workers run in it."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import os
-import zipfile
-
 import pytest
 
 import remote_tpu
 from remote_tpu._core.exceptions import ConfigurationError
 
 from conftest import Agents
+from package_index import make_wheel
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-
-def make_wheel(directory, name: str, version: str = "1.0", body: str = "ANSWER = 42\n") -> str:
-    """A pure-Python wheel made by hand (no network, no build backend)."""
-    info = f"{name}-{version}.dist-info"
-    files = {f"{name}/__init__.py": body,
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-                              "Tag: py3-none-any\n"}
-    record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest())
-        record.append(f"{path},sha256={digest.rstrip(b'=').decode()},{len(text.encode())}")
-    files[f"{info}/RECORD"] = "\n".join(record + [f"{info}/RECORD,,"]) + "\n"
-    path = os.path.join(directory, f"{name}-{version}-py3-none-any.whl")
-    with zipfile.ZipFile(path, "w") as z:
-        for p, text in files.items():
-            z.writestr(p, text)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +89,4 @@ def test_a_failing_install_fails_the_job_naming_the_host_and_the_error(agents, w
     assert "rtpu-no-such-package" in text
     with pytest.raises(ConfigurationError, match="cannot read"):
         _on(agents, requirements="/no/such/requirements.txt")
+

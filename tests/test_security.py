@@ -19,13 +19,15 @@ from hypothesis import strategies as st
 
 import remote_tpu
 from certs import CA
-from conftest import Agents, free_port, terminate_all
+from conftest import Agents, free_port, is_idle_spare, terminate_all, wait_until
+from package_index import PackageIndex
 from remote_tpu._core.auth import TOKEN_METADATA_KEY, new_token
 from remote_tpu._core import digests
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._core.channels import Credentials, error_from_rpc, health, shared_channel
 from remote_tpu._core.versions import versions_pb
+from remote_tpu._script import run_command
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -558,6 +560,94 @@ def test_agent_environment_stays_private_unless_passed(tmp_path, monkeypatch):
     finally:
         plain.stop()
         passing.stop()
+
+
+# The agent's own secrets, as an operator might set them in its environment.
+_AGENT_SECRETS = {"REMOTE_TPU_TOKEN_FILE": "/secret/token",
+                  "REMOTE_TPU_TLS_KEY": "/secret/agent-key.pem",
+                  "REMOTE_TPU_TLS_CERT": "/secret/agent-cert.pem",
+                  "GOOGLE_APPLICATION_CREDENTIALS": "/secret/sa.json"}
+
+
+def _environ_of(pid: int | str) -> dict[str, str]:
+    """The environment a process was started with, as /proc shows it."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return _parse_environ(f.read())
+
+
+def _parse_environ(raw: bytes) -> dict[str, str]:
+    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {k: v for k, _, v in pairs}
+
+
+def _own_environ() -> dict[str, str]:
+    with open("/proc/self/environ", "rb") as f:
+        raw = f.read()
+    return {k: v for k, _, v in (i.decode(errors="replace").partition("=")
+                                 for i in raw.split(b"\0") if i)}
+
+
+def _children_with(agents: Agents, word: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process(agents.procs[0].pid).children(recursive=True):
+        try:
+            if word in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_no_process_the_agent_starts_sees_its_secrets(tmp_path, monkeypatch):
+    for name, value in _AGENT_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    # An interpreter the agent is told of records the environment of each probe of it.
+    probed = tmp_path / "python-probed"
+    probed.write_text(f"#!/bin/sh\ncat /proc/$$/environ > {seen}/probe.$$\n"
+                      f"exec {sys.executable} \"$@\"\n")
+    probed.chmod(0o755)
+    index = PackageIndex(str(tmp_path))
+    index.silent.set()                      # an install that stays running to be looked at
+    agents = Agents(1, peers=False, extra=["--python", str(probed)])
+    environs: dict[str, dict[str, str]] = {}
+    try:
+        spares = lambda: [p for p in _children_with(agents, "--spare")  # noqa: E731
+                          if is_idle_spare(p)]
+        assert wait_until(spares, 60), "no spare worker started"
+        environs["spare worker"] = _environ_of(spares()[0].pid)
+        run = remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0],
+                             token=agents.token, init_jax=False)
+        environs["worker"] = run(_own_environ)()
+        run(run_command)(["sh", "-c", f"cat /proc/$$/environ > {seen}/exec"])
+        environs["exec command"] = _parse_environ((seen / "exec").read_bytes())
+        other = _spec(b"", accelerator="tpu-v5litepod-4")
+        other.client_versions.python = "3.4.10"     # the agent looks for a Python 3.4
+        with pytest.raises(grpc.RpcError):
+            _run_raw(agents.addresses[0], agents.token, [pb.RunRequest(spec=other)])
+        probes = sorted(seen.glob("probe.*"))
+        assert probes, "the agent did not probe the interpreter it was told of"
+        environs["interpreter probe"] = _parse_environ(probes[0].read_bytes())
+        remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0],
+                       token=agents.token, init_jax=False,
+                       requirements=[f"--index-url {index.url}", "rtpu-none"])(int).submit()
+        assert wait_until(lambda: index.requests, 60), "the installer never asked the index"
+        for p in _children_with(agents, "pip"):
+            environs[f"installer {p.cmdline()[:3]}"] = _environ_of(p.pid)
+        assert any(k.startswith("installer") for k in environs)
+        assert all(env.get("PATH") for env in environs.values())
+        leaked = {kind: sorted(k for k, v in env.items() if k in _AGENT_SECRETS or
+                               k == "REMOTE_TPU_TOKEN" or agents.token in v)
+                  for kind, env in environs.items()}
+        assert not {kind: names for kind, names in leaked.items() if names}
+    finally:
+        for p in _children_with(agents, "pip"):
+            p.kill()
+        index.close()
+        agents.stop()
 
 
 def test_secret_looking_env_names_draw_a_warning():

@@ -11,8 +11,8 @@ import pytest
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.topology import Topology
 from remote_tpu_agent import _worker
-from remote_tpu_agent._worker_env import (TPU_PROCESS_BASE_PORT, num_processes,
-                                          passed_environment, processes_per_host,
+from remote_tpu_agent._worker_env import (TPU_PROCESS_BASE_PORT, child_environment,
+                                          num_processes, processes_per_host,
                                           slice_host_addresses, slice_host_bounds,
                                           tpu_process_env, worker_env)
 
@@ -247,7 +247,7 @@ def test_jax_and_job_variables():
 # ------------------------------------------------------------ what passes
 
 
-def test_passed_environment_keeps_runtime_and_accelerator_variables_only():
+def test_child_environment_keeps_runtime_and_accelerator_variables_only():
     agent = {
         "PATH": "/usr/bin", "HOME": "/root", "LC_ALL": "C.UTF-8", "LD_LIBRARY_PATH": "/l",
         "TPU_NAME": "t1", "JAX_TRACEBACK_FILTERING": "off", "XLA_FLAGS": "--x",
@@ -256,12 +256,15 @@ def test_passed_environment_keeps_runtime_and_accelerator_variables_only():
         "AWS_SECRET_ACCESS_KEY": "s", "GOOGLE_APPLICATION_CREDENTIALS": "/key.json",
         "WANDB_API_KEY": "w", "PYTHONPATH": "/p", "STORAGE_EMULATOR_HOST": "http://gcs",
     }
-    assert passed_environment(agent) == {
+    assert child_environment(agent) == {
         "PATH": "/usr/bin", "HOME": "/root", "LC_ALL": "C.UTF-8", "LD_LIBRARY_PATH": "/l",
         "TPU_NAME": "t1", "JAX_TRACEBACK_FILTERING": "off", "XLA_FLAGS": "--x",
         "LIBTPU_INIT_ARGS": "--y", "CLOUD_TPU_TASK_ID": "0", "OMP_NUM_THREADS": "4",
         "PYTHONPATH": "/p", "STORAGE_EMULATOR_HOST": "http://gcs"}
-    more = passed_environment(agent, frozenset({"WANDB_API_KEY", "REMOTE_TPU_TOKEN"}))
+    more = child_environment(agent, frozenset({"WANDB_API_KEY", "REMOTE_TPU_TOKEN"}))
     assert more["WANDB_API_KEY"] == "w"
     assert "REMOTE_TPU_TOKEN" not in more            # never, even when asked for
     assert "AWS_SECRET_ACCESS_KEY" not in more
+    pip = {"PIP_INDEX_URL": "https://mirror/simple", "https_proxy": "http://proxy:3128"}
+    assert child_environment({**agent, **pip}, installer=True).items() >= pip.items()
+    assert not child_environment({**agent, **pip}).keys() & pip.keys()   # a worker's
