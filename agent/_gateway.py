@@ -23,18 +23,19 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from . import _worker
 from ._config import AgentConfig
 from ._gateway_job import GatewayJob
+from ._preparing import NotPrepared, Prepared
 from ._host import Host
 from ._job_views import status_of, watch
 from ._job_views import result as result_events
 from ._requests import Refused, abort, hosts_for
 from ._process import Children
-from ._scheduler import JobRefused, Scheduler
+from ._scheduler import Scheduler
 from ._store import JobRecord
 from ._envs import EnvError
 from ._workdirs import place_job, refs_of
 from ._warm import WarmSession
 from ._worker_pipe import INLINE_BYTES
-from ._worker_env import num_processes
+from ._worker_env import num_processes, processes_per_host
 
 log = logging.getLogger(__name__)
 
@@ -169,21 +170,28 @@ class GatewayRole:
 
     def _make_job(self, record: JobRecord, warm: WarmSession | None) -> GatewayJob:
         spec = record.spec
+        return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
+                          payload=record.payload,
+                          prepare=lambda children, coordinator: self._prepare(
+                              record, children, coordinator),
+                          blobs=self._host.blobs,
+                          advertise=self._advertise,
+                          peer_credentials=self._config.peer_credentials,
+                          tpu=self._host.tpu,
+                          preempted=self._host.preempted, warm=warm,
+                          spares=self._host.spares)
+
+    def _prepare(self, record: JobRecord, children: Children, coordinator: str) -> Prepared:
+        """This host's part of the job made ready (in the job, its processes
+        as ``children``: ``GatewayJob``); NotPrepared says why it cannot be."""
+        spec = record.spec
         try:
             call_paths, tree, data = place_job(self._host.workdirs, spec, record.blob_paths)
             extra = self._host.envs.for_job(spec, self._host.simulated,
-                                            lambda line: record.say(0, line), Children())
-            return GatewayJob(spec=spec, hosts=list(spec.hosts), job_dir=record.dir,
-                              payload=record.payload, blob_paths=call_paths, working_dir=tree,
-                              data=data,
-                              blobs=self._host.blobs,
-                              advertise=self._advertise,
-                              peer_credentials=self._config.peer_credentials,
-                              tpu=self._host.tpu,
-                              preempted=self._host.preempted, warm=warm,
-                              spares=self._host.spares,
-                              env_for=lambda i, coord: {**self._host.env_for(spec, i, coord),
-                                                        **extra})
+                                            lambda line: record.say(0, line), children)
+            envs = [{**self._host.env_for(spec, k, coordinator), **extra}
+                    for k in range(processes_per_host(spec))]
         except (OSError, ValueError, EnvError) as exc:
-            raise JobRefused(f"host 0 ({self._host.endpoint()}) could not prepare the job: "
-                             f"{exc}") from exc
+            raise NotPrepared(f"host 0 ({self._host.endpoint()}) could not prepare the job: "
+                              f"{exc}") from exc
+        return Prepared(envs=envs, blob_paths=call_paths, working_dir=tree, data=data)

@@ -1,6 +1,9 @@
 """The gateway: process 0 of a job. Fans the job out to the peers, merges every
 host's events into one stream, and enforces fail-fast.
 
+Preparing its own part (``_preparing``) is the job's first step: a cancel and
+the job's timeout end it there too.
+
 The first host to fail is the root cause (``_root_cause``): the gateway stops
 every other host at once (SIGTERM, then SIGKILL to its process group) rather
 than waiting for JAX's heartbeat timeout, then reports every host's final state.
@@ -16,11 +19,10 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-import os
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from remote_tpu._core.addresses import free_port, join_host_port
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
@@ -30,12 +32,15 @@ from ._blob_sends import ensure_on
 from ._blobs import BlobCache
 from ._call import Call
 from ._events import EventQueue
+from ._preparing import Prepared, local_calls, prepare_or_end
+from ._process import Children
 from ._warm import ParkedWakes, WarmSession, new_session_id, session_record
-from ._remote_host import RemoteHost, preflight_all
+from ._preflight import preflight
+from ._remote_host import RemoteHost
 from ._root_cause import root_cause
 from ._runner import WorkerRun
 from ._spares import Spares
-from ._tpu import TpuBusy, TpuGuard
+from ._tpu import TpuGuard
 from ._worker_env import processes_per_host
 from ._workdirs import refs_of
 
@@ -57,12 +62,11 @@ class GatewayJob:
     """One job, seen from its gateway."""
 
     def __init__(self, *, spec: pb.JobSpec, hosts: Sequence[str], job_dir: str,
-                 payload: bytes | str, advertise: str, env_for,
+                 payload: bytes | str, advertise: str,
+                 prepare: Callable[[Children, str], Prepared],
                  peer_credentials: Credentials, tpu: TpuGuard | None = None,
                  preempted=lambda: False, warm: WarmSession | None = None,
-                 spares: Spares | None = None, blob_paths: Sequence[str] = (),
-                 blobs: BlobCache | None = None, working_dir: str = "",
-                 data: dict[str, str] | None = None) -> None:
+                 spares: Spares | None = None, blobs: BlobCache | None = None) -> None:
         self.tpu = tpu
         self._preempted = preempted
         self.spec = spec
@@ -81,24 +85,12 @@ class GatewayJob:
         self._blob_problems: dict[str, str] = {}     # peer agent: why it lacks the buffers
         self._silent: set[str] = set()               # peer agents that did not even answer
         self.job_dir = job_dir
-        # This host's processes: process 0 (the coordinator) works in job_dir itself.
+        self._prepare = prepare
+        self.children = Children()       # what preparing runs (installers, probes)
+        self._spares = spares
+        # This host's processes, once prepared (warm: the session's, given the new calls).
         self.locals = list(warm.locals) if warm else []
-        self._local_calls = []
-        for k in range(per_host):
-            directory = job_dir if k == 0 else os.path.join(job_dir, f"process-{k}")
-            if k:
-                os.makedirs(directory, exist_ok=True)
-            call = Call(job_dir=directory, env=env_for(k, self.coordinator), payload=payload,
-                        digest=spec.payload_digest.hex(), blobs=list(blob_paths),
-                        working_dir=working_dir, data=data or {},
-                        gcs_data=list(spec.gcs_data),
-                        result_dir=blobs.results_dir if blobs is not None and not k else "")
-            self._local_calls.append(call)
-            if not warm:
-                self.locals.append(WorkerRun(host=k, call=call, emit=self.events.put,
-                                             forward_output=True, warm=bool(self.session_id),
-                                             spares=spares))
-        self.local = self.locals[0]
+        self._local_calls: list[Call] = []
         self.payload = payload
         self._peer_specs = []
         for i in range(1, len(hosts)):
@@ -128,6 +120,8 @@ class GatewayJob:
 
     def stacks(self) -> list[pb.HostStacks]:
         """Every host's Python stacks, collected in parallel."""
+        if not self.locals:
+            return [pb.HostStacks(host=0, text="(host 0 is preparing the job: no worker yet)")]
         with concurrent.futures.ThreadPoolExecutor(len(self.handles)) as pool:
             texts = list(pool.map(lambda h: h.stacks(), self.handles))
         return [pb.HostStacks(host=h.host, text=t) for h, t in zip(self.handles, texts)]
@@ -136,7 +130,20 @@ class GatewayJob:
 
     def run(self) -> Iterator[pb.Event]:
         """Every host's output (``started``, ``output``) as it comes, then ``end``."""
+        timer = None
+        if self.spec.timeout_seconds > 0:      # from the start: preparing counts
+            timer = threading.Timer(self.spec.timeout_seconds, self.events.put, (_TIMED_OUT,))
+            timer.daemon = True
+            timer.start()
         try:
+            made = prepare_or_end(lambda children: self._prepare(children, self.coordinator),
+                                  self.children, self.events, self._ending)
+            if isinstance(made, pb.JobEnd):
+                if self.reuse is not None and made.state != pb.JOB_STATE_FAILED:
+                    made.detail = f"{made.detail}; {WARM_LOST}"
+                yield pb.Event(host=0, end=made)
+                return
+            self._place_locals(made)
             if self._blobs is not None:
                 self._blob_problems, self._silent = ensure_on(
                     [r.address for r in self.remotes], refs_of(self.spec),
@@ -150,6 +157,9 @@ class GatewayJob:
                 return
             yield from self._run()
         finally:
+            if timer is not None:
+                timer.cancel()
+            self.children.stop("the job is over")
             self.events.close()
             for h in [] if self.warm_kept else self.handles:   # (kept: the session's next
                 h.close()                              # call may be using them)
@@ -174,36 +184,32 @@ class GatewayJob:
             record=session_record(store, self.spec, self.session_id))
 
     def _preflight(self) -> list[pb.HostReport]:
-        """Every peer must answer, accept our credentials and speak our protocol
-        before anything starts anywhere (in a warm session they did when it
-        started; a peer gone since fails its call, and so the session)."""
+        """(``_preflight``; in a warm session, the peers answered when it
+        started: a peer gone since fails its call, and so the session.)"""
         if self.reuse is not None:
             return []
-        # One check per peer agent, whatever its processes; none of a silent one.
-        first = {r.address: r for r in self.remotes if r.address not in self._silent}
-        by_agent = dict(zip(first, preflight_all(list(first.values()))))
-        self.permanent = any(permanent for _, permanent in by_agent.values())
-        problems = [by_agent.get(remote.address, ("", False))[0] or
-                    self._blob_problems.get(remote.address, "") for remote in self.remotes]
-        refused = []
-        if self.tpu is not None:
-            try:
-                self.tpu.prepare()
-            except TpuBusy as exc:
-                report = pb.HostReport(host=0, state=pb.HOST_STATE_LOST, finished_at=time.time(),
-                                       detail=f"cannot start: {exc}")
-                self.reports[0] = report
-                refused.append(report)
-        for remote, problem in zip(self.remotes, problems):
-            if problem:
-                report = pb.HostReport(host=remote.host, state=pb.HOST_STATE_LOST,
-                                       detail=problem, finished_at=time.time())
-                self.reports[remote.host] = report
-                refused.append(report)
-        for report in self.reports:
-            if report.state == pb.HOST_STATE_PENDING and refused:
-                report.detail = "not started: another host refused the job"
+        refused, self.permanent = preflight(self.remotes, self.reports, self.tpu,
+                                            self._silent, self._blob_problems)
         return refused
+
+    def _ending(self, item: object) -> tuple[int, str] | None:
+        """(state, why) a cancel or the timeout ends the job in; None for any other event."""
+        if isinstance(item, _Cancel):
+            return item.state, item.reason
+        if item is _TIMED_OUT:
+            return pb.JOB_STATE_TIMED_OUT, f"timed out after {self.spec.timeout_seconds:g} s"
+        return None
+
+    def _place_locals(self, prepared: Prepared) -> None:
+        """This host's calls, and (cold) its workers, from what was prepared."""
+        self._local_calls = local_calls(prepared, self.spec, self.job_dir, self.payload,
+                                        self._blobs.results_dir if self._blobs else "")
+        for k, call in enumerate([] if self.reuse else self._local_calls):
+            self.locals.append(WorkerRun(host=k, call=call, emit=self.events.put,
+                                         forward_output=True, warm=bool(self.session_id),
+                                         spares=self._spares))
+        self.local = self.locals[0]
+        self.handles = [*self.locals, *self.remotes]
 
     def _run(self) -> Iterator[pb.Event]:
         # Process 0 hosts the JAX coordinator: start it first. (Warm, it is up:
@@ -213,16 +219,7 @@ class GatewayJob:
         self._start_remotes()
         if self.reuse:
             self._start_locals()
-        timer = None
-        if self.spec.timeout_seconds > 0:
-            timer = threading.Timer(self.spec.timeout_seconds, self.events.put, (_TIMED_OUT,))
-            timer.daemon = True
-            timer.start()
-        try:
-            yield from self._main_loop()
-        finally:
-            if timer is not None:
-                timer.cancel()
+        yield from self._main_loop()
 
     def _start_locals(self) -> None:
         for local, call in zip(self.locals, self._local_calls):

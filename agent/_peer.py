@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -37,7 +37,8 @@ from ._lane import PeerLane
 from ._requests import Refused, abort
 from ._runner import WorkerRun
 from ._envs import EnvError
-from ._process import Children
+from ._preparing import NotPrepared, prepare_saying
+from ._process import Children, Stopped
 from ._outputs import OutputSync
 from ._store import JobRecord
 from ._workdirs import place_job, refs_of
@@ -116,35 +117,31 @@ class PeerRole:
                 self._slot.notify_all()
 
     def _call(self, spec: pb.JobSpec, payload: bytes | str, record: JobRecord,
-              blob_paths: list[str], say: Callable[[str], None]) -> Call:
+              blob_paths: list[str], say: Callable[[str], None],
+              children: Children) -> Call:
         """The worker's call: its trees placed here first, its environment made
-        (its installer's lines to ``say``). OSError, ValueError, EnvError."""
-        call_paths, working_dir, data = place_job(self._host.workdirs, spec, blob_paths)
-        env = {**self._host.env_for(spec, spec.process_id, spec.coordinator_address),
-               **self._host.envs.for_job(spec, self._host.simulated, say, Children())}
+        (its installer's lines to ``say``, its processes as ``children``).
+        NotPrepared, Stopped."""
+        try:
+            call_paths, working_dir, data = place_job(self._host.workdirs, spec, blob_paths)
+            env = {**self._host.env_for(spec, spec.process_id, spec.coordinator_address),
+                   **self._host.envs.for_job(spec, self._host.simulated, say, children)}
+        except (OSError, ValueError, EnvError) as exc:
+            raise NotPrepared(f"host {self._host.endpoint()} could not prepare the call: "
+                              f"{exc}") from exc
         return Call(job_dir=record.dir, payload=payload, digest=spec.payload_digest.hex(),
                     env=env,
                     blobs=call_paths, working_dir=working_dir, data=data,
                     gcs_data=list(spec.gcs_data))
 
-    def _prepare(self, spec: pb.JobSpec, payload: bytes | str, record: JobRecord,
-                 paths: list[str], host: int) -> Generator[pb.Event, None, Call | None]:
-        """The worker's call (``_call``), what preparing it said yielded as the
-        host's stderr; None, once the host's failure is yielded, if it failed."""
-        said: list[str] = []
-        try:
-            call = self._call(spec, payload, record, paths, said.append)
-        except (OSError, ValueError, EnvError) as exc:
-            yield from _lines(host, record, said)
-            yield self._unplaced(host, exc)
-            return None
-        yield from _lines(host, record, said)
-        return call
-
     def _unplaced(self, host: int, exc: BaseException) -> pb.Event:
+        """The host's end when its call could not be prepared, or was stopped."""
+        stopped = isinstance(exc, Stopped)
         return pb.Event(host=host, exited=pb.HostReport(
-            host=host, state=pb.HOST_STATE_FAILED, exited=True, finished_at=time.time(),
-            detail=f"host {self._host.endpoint()} could not prepare the call: {exc}"))
+            host=host, state=pb.HOST_STATE_CANCELLED if stopped else pb.HOST_STATE_FAILED,
+            exited=True, finished_at=time.time(), detail=(
+                f"host {self._host.endpoint()} stopped preparing the call: {exc}"
+                if stopped else str(exc))))
 
     def _pin(self, spec: pb.JobSpec) -> tuple[list[str] | None, str]:
         """Pin the call's large buffers here (the gateway made sure this host
@@ -163,14 +160,12 @@ class PeerRole:
                 requests: Iterator[pb.RunRequest], record: JobRecord,
                 context: grpc.ServicerContext, blob_paths: list[str],
                 pinned: list[pb.BlobRef]) -> Iterator[pb.Event]:
-        call = yield from self._prepare(spec, payload, record, blob_paths, spec.process_id)
-        if call is None:
-            record.set_phase(pb.JOB_PHASE_FAILED, "the call could not be prepared on this host")
-            return
         events = EventQueue()
-        run = WorkerRun(host=spec.process_id, call=call,
-                        emit=events.put, forward_output=True,
-                        warm=spec.keep_warm_seconds > 0, spares=self._host.spares)
+        # Until its worker starts, the call is its preparation (``children``),
+        # which a cancel or the gateway going away stops; then, its worker.
+        children = Children()
+        gate = threading.Lock()                 # a cancel, and the worker's start
+        run: WorkerRun | None = None
         outputs = [self._outputs(spec, record)]       # the current call's
         on_lane = [False]                       # the current call came on the lane
 
@@ -213,23 +208,32 @@ class PeerRole:
             next_spec.ClearField("payload")       # (the worker checks its digest)
             begin(next_spec, data, True)
         def new_lane() -> PeerLane:
-            return PeerLane(lane_call, lambda: threading.Thread(target=run.cancel,
+            return PeerLane(lane_call, lambda: threading.Thread(target=cancel,
                                                                 daemon=True).start())
         lane = new_lane()
+
+        def cancel(why: str = "cancelled by its gateway", end: bool = False) -> None:
+            with gate:
+                children.stop(why)
+                started = run
+            if started is not None and end:
+                started.stop()
+            elif started is not None:
+                started.cancel()
 
         def obey() -> None:
             try:
                 for req in requests:
                     kind = req.WhichOneof("kind")
-                    if kind == "next_call" and run.warm:
+                    if kind == "next_call" and run is not None and run.warm:
                         data = self._host.uploads.receive(
                             req.next_call, requests,
                             os.path.join(record.dir, _worker.PAYLOAD_FILE), context)
                         begin(req.next_call, data, False)
-                    elif req.control == pb.CONTROL_RELEASE:
+                    elif req.control == pb.CONTROL_RELEASE and run is not None:
                         run.release()
                     elif req.control == pb.CONTROL_CANCEL:
-                        threading.Thread(target=run.cancel, daemon=True).start()
+                        threading.Thread(target=cancel, daemon=True).start()
                     else:
                         log.warning("job %s: ignoring unexpected request %s", spec.job_id,
                                     kind or f"control {req.control}")
@@ -240,22 +244,31 @@ class PeerRole:
             finally:
                 events.put(None)
 
-        # A parked worker that dies ends the call, so its gateway knows the
-        # session is over (its last `exited` event was the warm one).
-        run.on_parked_exit = lambda: events.put(None)
-
         def on_done() -> None:         # the gateway's call is over: so is the worker
             lane.close()
-            threading.Thread(target=run.stop, daemon=True).start()
+            threading.Thread(target=cancel, args=("the gateway's call ended", True),
+                             daemon=True).start()
             events.put(None)
         context.add_callback(on_done)
+        threading.Thread(target=obey, daemon=True, name="peer-control").start()
         log.info("job %s: host %d, coordinator %s", spec.job_id, spec.process_id,
                  spec.coordinator_address)
-        self._runs[(spec.job_id, spec.process_id)] = run
         final = pb.JOB_PHASE_LOST
         try:
-            run.start()
-            threading.Thread(target=obey, daemon=True, name="peer-control").start()
+            made = yield from prepare_saying(
+                lambda say: self._call(spec, payload, record, blob_paths, say, children),
+                children, events, lambda line: _said(spec.process_id, record, line))
+            with gate:
+                if isinstance(made, Call) and not children.stopped:
+                    run = self._start(spec, call=made, events=events)
+            if isinstance(made, Call) and run is None:        # cancelled as it was made
+                made = Stopped(children.stopped)
+            if isinstance(made, BaseException):
+                end = self._unplaced(spec.process_id, made)
+                yield end
+                final = phase_of_host(end.exited.state)
+            if run is None:
+                return
             while True:
                 event = events.get()
                 if event is None:
@@ -295,18 +308,35 @@ class PeerRole:
             lane.close()
             outputs[0].finish()
             events.close()
-            if run.parked:              # printed since the session's last call: kept here
-                for stream, data in run.parked_output():
-                    try:
-                        record.append_output(run.host, stream, data)
-                    except StoreFull:
-                        break
-            run.stop()
-            run.finished.wait(5)
-            self._runs.pop((spec.job_id, spec.process_id), None)
+            children.stop("the call is over")
+            if run is not None:
+                self._end_run(run, record, spec)
             self._host.tpu.release()
             record.set_phase(final, "" if final != pb.JOB_PHASE_LOST else
                              "the gateway went away before this host finished")
+
+    def _start(self, spec: pb.JobSpec, call: Call, events: EventQueue) -> WorkerRun:
+        """Start the call's worker, its events to ``events``."""
+        run = WorkerRun(host=spec.process_id, call=call, emit=events.put, forward_output=True,
+                        warm=spec.keep_warm_seconds > 0, spares=self._host.spares)
+        # A parked worker that dies ends the call, so its gateway knows the
+        # session is over (its last `exited` event was the warm one).
+        run.on_parked_exit = lambda: events.put(None)
+        self._runs[(spec.job_id, spec.process_id)] = run
+        run.start()
+        return run
+
+    def _end_run(self, run: WorkerRun, record: JobRecord, spec: pb.JobSpec) -> None:
+        """The call is over: its worker too (what it printed while parked kept)."""
+        if run.parked:              # printed since the session's last call: kept here
+            for stream, data in run.parked_output():
+                try:
+                    record.append_output(run.host, stream, data)
+                except StoreFull:
+                    break
+        run.stop()
+        run.finished.wait(5)
+        self._runs.pop((spec.job_id, spec.process_id), None)
 
     def _outputs(self, spec: pb.JobSpec, record: JobRecord) -> OutputSync:
         return OutputSync(spec, self._host.store.state_dir, [spec.process_id], record.say,
@@ -328,13 +358,11 @@ class PeerRole:
             return
         self._host.blobs.unpin(pinned)          # the last call's: its worker mapped them
         pinned[:] = refs_of(spec)
-        preparing = self._prepare(spec, payload, record, paths, run.host)
-        try:
-            while True:
-                say(next(preparing))
-        except StopIteration as done:
-            call = done.value
-        if call is None:
+        try:                                    # (the session's own environment: made)
+            call = self._call(spec, payload, record, paths,
+                              lambda line: say(_said(run.host, record, line)), Children())
+        except (NotPrepared, Stopped) as exc:
+            say(self._unplaced(run.host, exc))
             events.put(None)
             return
         outputs[0] = self._outputs(spec, record)
@@ -361,9 +389,8 @@ def _deliver(event: pb.Event, lane: PeerLane, on_lane: bool) -> Iterator[pb.Even
         yield event
 
 
-def _lines(host: int, record: JobRecord, lines: list[str]) -> Iterator[pb.Event]:
+def _said(host: int, record: JobRecord, line: str) -> pb.Event:
     """What the agent itself said for this host (an installer's output), as
     the host's stderr: kept here, and sent to the gateway."""
-    for line in lines:
-        yield pb.Event(host=host, output=pb.Output(stream=pb.OUTPUT_STREAM_STDERR,
-                                                   data=record.say(host, line)))
+    return pb.Event(host=host, output=pb.Output(stream=pb.OUTPUT_STREAM_STDERR,
+                                                data=record.say(host, line)))

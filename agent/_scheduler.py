@@ -1,7 +1,8 @@
 """One job at a time on a slice, first come first served.
 
-The gateway agent owns the queue. Each job runs in this module's thread; its
-events go to the job store (every host's output, then the final state), where
+The gateway agent owns the queue. Each job runs in this module's thread (its
+preparation, installs included, in one of its own: ``_preparing``); its events
+go to the job store (every host's output, then the final state), where
 watchers, attached callers and later `attach` calls read them.
 
 A warm session (``_warm``) holds the slice between the calls of one caller:
@@ -33,11 +34,6 @@ from ._warm import WarmSession
 from ._worker_env import processes_per_host
 
 log = logging.getLogger(__name__)
-
-
-class JobRefused(Exception):
-    """A job that cannot start on this host (its requirements will not
-    install, its files cannot be written): it fails with this message."""
 
 
 class Scheduler(WarmScheduling):
@@ -191,10 +187,6 @@ class Scheduler(WarmScheduling):
             while record.retry_in is not None and self._backoff(record):
                 record.spec.attempt += 1          # REMOTE_TPU_ATTEMPT (_worker_env)
                 yield from self._run(record, None)
-        except JobRefused as exc:      # the job cannot run here: said as it is
-            record.set_phase(pb.JOB_PHASE_FAILED, str(exc), pb.JobEnd(
-                state=pb.JOB_STATE_FAILED, root_cause_host=0, detail=str(exc),
-                permanent=True))
         except Exception as exc:  # noqa: BLE001 - a job must never stop the queue
             log.exception("job %s: internal error", record.job_id)
             record.set_phase(pb.JOB_PHASE_FAILED, f"internal error in the agent: {exc}",
