@@ -6,6 +6,12 @@ host's jax, libtpu and remote_tpu stay what they are and only what the
 requirements add or change is installed, once per host and set of
 requirements (named by their digest), with ``uv`` where the host has it, else
 pip. The ``KEEP`` environments used last stay.
+
+The requirement lines may not name jax, libtpu, cloudpickle or remote-tpu
+(``_core.requirements``); what they depend on may not replace them either:
+the installer is held to the versions the host has (a constraints file), so a
+dependency that pins another fails the install, saying so, instead of
+shadowing the host's in the job's environment.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from collections.abc import Callable, Sequence
 from remote_tpu._core import digests
 from remote_tpu._core.dirs import prune_oldest
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu._core.requirements import protected, refusal
+from remote_tpu._core.requirements import PROTECTED, protected, refusal
 
 from ._process import Children
 from ._pythons import EnvError, Pythons
@@ -68,15 +74,16 @@ class Envs:
             raise EnvError(refusal(bad))
         base_python, base_sites = base or (sys.executable, _own_sites())
         key = digests.of("\n".join([base_python, sys.version if base is None else "",
-                                    *requirements]).encode())
+                                    "unheld" if allow_protected else "", *requirements]
+                                   ).encode())
         path = os.path.join(self.root, key.hex()[:24])
         python = os.path.join(path, "bin", "python")
         with self._lock:
             if not os.path.exists(os.path.join(path, ".remote_tpu-ready")):
                 shutil.rmtree(path, ignore_errors=True)
                 try:
-                    self._make(path, python, requirements, say, base_python, base_sites,
-                               children)
+                    self._make(path, python, requirements, say, (base_python, base_sites),
+                               children, allow_protected)
                 except BaseException:
                     shutil.rmtree(path, ignore_errors=True)
                     raise
@@ -85,10 +92,11 @@ class Envs:
         return python
 
     def _make(self, path: str, python: str, requirements: Sequence[str],
-              say: Callable[[str], None], base_python: str, base_sites: list[str],
-              children: Children) -> None:
+              say: Callable[[str], None], base: tuple[str, list[str]],
+              children: Children, allow_protected: bool) -> None:
         say(f"remote_tpu: making an environment for {len(requirements)} requirement(s) "
             f"on this host (once): {path}")
+        base_python, base_sites = base
         self.pythons.make_venv([base_python, "-m", "venv", "--without-pip", path], children)
         lib = os.path.join(path, "lib")
         own = os.path.join(lib, next(d for d in os.listdir(lib) if d.startswith("python")),
@@ -97,14 +105,34 @@ class Envs:
             f.write("import site; " + "; ".join(f"site.addsitedir({p!r})" for p in base_sites)
                     + "\n")
         req = os.path.join(path, "requirements.txt")
+        held = [] if allow_protected else self._held(base_python, children)
         with open(req, "w") as f:
             f.write("\n".join(requirements) + "\n")
+        with open(os.path.join(path, "constraints.txt"), "w") as f:
+            f.write("".join(f"{line}\n" for line in held))
         uv = shutil.which("uv")
-        cmd = ([uv, "pip", "install", "--python", python, "-r", req] if uv else
+        cmd = ([uv, "pip", "install", "--python", python] if uv else
                [sys.executable, "-m", "pip", "--python", python, "install",
-                "--disable-pip-version-check", "--no-input", "-r", req])
-        self.pythons.install(cmd, say, "installing the requirements", children)
+                "--disable-pip-version-check", "--no-input"])
+        try:
+            self.pythons.install([*cmd, "-r", req, "-c", os.path.join(path, "constraints.txt")],
+                                 say, "installing the requirements", children)
+        except EnvError as exc:
+            raise EnvError(f"{exc}\n(held at this host's versions: {', '.join(held)}; a "
+                           "requirement that needs another version of one cannot be "
+                           "installed here: leave it out, or pass "
+                           "allow_jax_requirements=True)" if held else str(exc)) from None
         open(os.path.join(path, ".remote_tpu-ready"), "w").close()
+
+    def _held(self, python: str, children: Children) -> list[str]:
+        """The versions of jax, libtpu, cloudpickle and remote-tpu that
+        ``python`` (the environment's base) has, as ``name==version`` lines."""
+        found = self.pythons.probe(python, children, PROTECTED)
+        if not found:
+            raise EnvError(f"could not ask {python} which jax, libtpu, cloudpickle and "
+                           "remote-tpu it has (it failed, or took over 60 s): check that it "
+                           "runs on this host")
+        return [f"{name}=={found[name]}" for name in PROTECTED if found.get(name)]
 
 
 def _own_sites() -> list[str]:

@@ -46,8 +46,8 @@ _PROBE = ("import json, sys, importlib.metadata as m\n"
           "    try: return m.version(n)\n"
           "    except Exception: return ''\n"
           "import site\n"
-          "print(json.dumps({'cloudpickle': v('cloudpickle'), 'xxhash': v('xxhash'),"
-          " 'jax': v('jax'), 'sites': site.getsitepackages()}))")
+          "names = ('cloudpickle', 'xxhash', 'jax', *sys.argv[1:])\n"
+          "print(json.dumps({**{n: v(n) for n in names}, 'sites': site.getsitepackages()}))")
 
 
 class EnvError(Exception):
@@ -193,11 +193,12 @@ class Pythons:
             raise EnvError(f"`{' '.join(cmd)}` failed (exit {done.returncode}): "
                            f"{(done.stderr or done.stdout).strip()[-2000:]}")
 
-    def probe(self, python: str, children: Children) -> dict:
-        """What ``python`` has: its cloudpickle, xxhash and jax releases
-        ("" for none) and its site-packages; {} when it cannot say."""
+    def probe(self, python: str, children: Children, names: Sequence[str] = ()) -> dict:
+        """What ``python`` has: its cloudpickle, xxhash and jax releases (and
+        those of ``names``; "" for none) and its site-packages; {} when it
+        cannot say."""
         try:
-            out = children.run([python, "-c", _PROBE], self.env, timeout=60)
+            out = children.run([python, "-c", _PROBE, *names], self.env, timeout=60)
             return json.loads(out.stdout) if out.returncode == 0 else {}
         except (OSError, subprocess.TimeoutExpired, ValueError):
             return {}

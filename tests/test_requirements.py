@@ -90,3 +90,22 @@ def test_a_failing_install_fails_the_job_naming_the_host_and_the_error(agents, w
     with pytest.raises(ConfigurationError, match="cannot read"):
         _on(agents, requirements="/no/such/requirements.txt")
 
+
+def test_a_dependency_cannot_replace_the_hosts_cloudpickle(agents, tmp_path):
+    """Only the requirement lines are screened for jax, libtpu, cloudpickle...;
+    a dependency that pins one of them is held to the host's version too."""
+    make_wheel(str(tmp_path), "cloudpickle", "3.0.0", body="__version__ = 'replaced'\n")
+    make_wheel(str(tmp_path), "rtpu_test_pins", requires=["cloudpickle==3.0.0"])
+
+    def cloudpickle_version():
+        import cloudpickle
+        return cloudpickle.__version__
+
+    fn = _on(agents, requirements=["--no-index", f"--find-links {tmp_path}",
+                                   "rtpu-test-pins"])(cloudpickle_version)
+    with pytest.raises(remote_tpu.JobFailedError) as err:
+        fn()
+    text = str(err.value)
+    assert "installing the requirements failed" in text
+    assert "cloudpickle==3.0.0" in text            # the installer's own words
+    assert "held at this host's versions" in text and "allow_jax_requirements" in text
