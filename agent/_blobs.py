@@ -13,8 +13,9 @@ that calls ``train(dataset)`` twice uploads the dataset once.
 
 Each agent keeps its buffers in memory (``/dev/shm``, where it has 1 GiB or
 more: written to a disk, a few GiB of buffers waited on its write-back, and the
-cache need not outlive the agent), else in ``state_dir/blobs``; ``--cache-dir``
-chooses. It is emptied when the agent starts and removed when it stops; an
+cache need not outlive the agent), else in ``state_dir/blobs``; ``--cache-dir DIR``
+chooses (a directory of its own inside DIR: what else DIR holds is never
+touched). It is emptied when the agent starts and removed when it stops; an
 agent that starts also removes the memory caches of this user's agents that
 died without removing theirs. It holds up to ``max_bytes``, least recently used
 out first. A buffer a queued or running job needs is pinned and

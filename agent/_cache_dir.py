@@ -1,6 +1,7 @@
 """Where an agent's argument cache lives: in memory (``/dev/shm``) when the
-host has room there, else in the agent's state directory; and the removal of
-memory caches whose agents died without removing theirs."""
+host has room there, else in the agent's state directory, or in a directory
+of its own inside ``--cache-dir``; and the removal of memory caches whose
+agents died without removing theirs."""
 
 from __future__ import annotations
 
@@ -9,10 +10,38 @@ import os
 import shutil
 
 from remote_tpu._core import digests
+from remote_tpu._core.dirs import make_private
+from remote_tpu._core.exceptions import ConfigurationError
 
 log = logging.getLogger(__name__)
 
 _SHM_MIN_BYTES = 1 << 30     # a container's 64 MiB /dev/shm is no place for it
+
+
+def cache_dir(given: str, state_dir: str) -> str:
+    """The cache's directory: with ``--cache-dir`` (``given``: a place such as
+    a mounted disk, which may hold other things), one of the agent's own
+    inside it, made there (and ``given`` too, owner-only, where it is
+    missing); it is only ever that one the agent empties and removes."""
+    if not given:
+        return default_dir(state_dir)
+    if os.path.exists(given) and not os.path.isdir(given):
+        raise ConfigurationError(f"--cache-dir {given} is not a directory: give a directory "
+                                 "the agent may keep its argument cache in (it makes one of "
+                                 "its own there, and leaves the rest alone)")
+    try:
+        make_private(given)
+    except OSError as exc:
+        raise ConfigurationError(f"--cache-dir {given}: cannot make it ({exc.strerror}): give "
+                                 "a directory this user may write to") from None
+    return os.path.join(given, _own_name(state_dir))
+
+
+def _own_name(state_dir: str) -> str:
+    """This agent's cache's name (an agent started again with the same state
+    directory finds, and empties, its own)."""
+    tag = digests.of(os.path.realpath(state_dir).encode()).hex()[:16]
+    return f"{_SHM_PREFIX}{os.getuid()}-{tag}"
 
 
 def default_dir(state_dir: str) -> str:
@@ -25,8 +54,7 @@ def default_dir(state_dir: str) -> str:
     except OSError:
         roomy = False
     if roomy and os.access("/dev/shm", os.W_OK):
-        tag = digests.of(os.path.realpath(state_dir).encode()).hex()[:16]
-        return os.path.join("/dev/shm", f"{_SHM_PREFIX}{os.getuid()}-{tag}")
+        return os.path.join("/dev/shm", _own_name(state_dir))
     return os.path.join(state_dir, "blobs")
 
 

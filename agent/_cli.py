@@ -124,7 +124,9 @@ def _serve_parser() -> argparse.ArgumentParser:
                         "never opened with TLS (gRPC carries them then). 0 = any free "
                         "port (default); -1 = none (gRPC carries them)")
     p.add_argument("--cache-dir", default="",
-                   help="where the argument cache lives (default: in memory, under "
+                   help="a directory to keep the argument cache in (a fast disk, say): "
+                        "the agent makes a directory of its own there and only ever "
+                        "empties and removes that one (default: in memory, under "
                         "/dev/shm, where this host has it; else in --state-dir)")
     p.add_argument("--spare-workers", type=int, default=1, choices=(0, 1),
                    help="workers kept started ahead of their job, jax imported (not "

@@ -45,7 +45,7 @@ from ._peer_link_serve import offer_link
 from ._blobs import BlobCache, check_ref
 from . import _call_lane as call_lane
 from ._data_port import DataPort
-from ._cache_dir import default_dir
+from ._cache_dir import cache_dir
 from ._reports import bound_stacks
 from ._requests import Refused, abort, checked_spec, gateway_redirect, valid_job_id
 from ._slice_queries import SliceQueries
@@ -81,7 +81,7 @@ class AgentService(pb_grpc.AgentServicer):
         self._worker_base_env = child_environment(os.environ, config.pass_env)
         self.spares = Spares(spare_env(self._worker_base_env, config.simulate_devices),
                              self.state_dir, config.spare_workers, config.light_spares)
-        self.blobs = BlobCache(config.cache_dir or default_dir(self.state_dir),
+        self.blobs = BlobCache(cache_dir(config.cache_dir, self.state_dir),
                                config.cache_bytes)
         self.data_port: DataPort | None = None     # opened once the gRPC port is bound
         host = Host(store=self.store, uploads=uploads, blobs=self.blobs, tpu=self.tpu,

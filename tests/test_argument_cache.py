@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import os
 import signal
+import stat
 import threading
 
 import numpy as np
@@ -345,6 +346,47 @@ def test_the_memory_cache_of_a_killed_agent_is_removed_by_the_next_agent():
     finally:
         second.stop()
         first.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before", ["holding a file", "empty", "missing"])
+def test_a_cache_dir_given_keeps_what_was_there_and_only_its_own_goes(tmp_path, before):
+    """``--cache-dir DIR`` (a mounted disk, say) is a place, not the cache:
+    the agent keeps its cache in a directory of its own inside DIR and
+    removes only that one; what DIR held, and DIR itself, stay."""
+    place = tmp_path / "ssd"
+    if before != "missing":
+        place.mkdir(mode=0o755)
+    if before == "holding a file":
+        (place / "dataset.bin").write_bytes(b"not the agent's")
+    agents = Agents(1, devices=2, peers=False,
+                    extra=["--spare-workers", "0", "--cache-dir", str(place)])
+    try:
+        [own] = [p for p in place.iterdir() if p.name.startswith("remote-tpu-cache-")]
+        assert own.is_dir() and (own / "owner").read_text() == str(agents.procs[0].pid)
+        assert stat.S_IMODE(own.stat().st_mode) == 0o700
+        mode = 0o700 if before == "missing" else 0o755
+        assert stat.S_IMODE(place.stat().st_mode) == mode          # not changed when there
+    finally:
+        agents.stop()
+    assert place.is_dir() and not own.exists()
+    left = sorted(p.name for p in place.iterdir())
+    assert left == (["dataset.bin"] if before == "holding a file" else [])
+    if before == "holding a file":
+        assert (place / "dataset.bin").read_bytes() == b"not the agent's"
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_saying_so(tmp_path):
+    import subprocess
+    import sys
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine")
+    done = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--port", "0",
+                           "--state-dir", str(tmp_path / "state"), "--cache-dir", str(afile)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"--cache-dir {afile} is not a directory" in done.stderr, done.stderr
+    assert afile.read_text() == "mine"
 
 
 def test_a_peer_lacking_a_buffer_is_sent_it_from_the_gateways_cache(pair, tmp_path):
