@@ -23,7 +23,7 @@ from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.versions import __version__
 
 from ._discovery import discover
-from ._hostlog import DEFAULT_MAX_LOG_BYTES
+from ._hostlog import DEFAULT_MAX_LOG_BYTES, MIN_LOG_BYTES
 from ._config import AgentConfig
 from ._server import create_server
 from ._store import DEFAULT_MAX_STORE_BYTES
@@ -64,8 +64,8 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="finished jobs kept with their logs and results (default 100)")
     p.add_argument("--max-log-bytes", type=_size_arg, default=DEFAULT_MAX_LOG_BYTES,
                    help="output kept per host and job; beyond it the first and the last half "
-                        "are kept and readers are told how much was cut (default 1G; "
-                        "suffixes K, M, G)")
+                        "are kept and readers are told how much was cut and kept "
+                        "(default 1G, at least 512; suffixes K, M, G)")
     p.add_argument("--max-store-bytes", type=_size_arg, default=DEFAULT_MAX_STORE_BYTES,
                    help="files of finished jobs kept in all; the oldest go first (default "
                         "32G; suffixes K, M, G)")
@@ -312,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.1 <= args.output_interval <= 86400:
         parser.error(f"--output-interval must be 0.1 to 86400 seconds, got "
                      f"{args.output_interval}")
+    if args.max_log_bytes < MIN_LOG_BYTES:
+        parser.error(f"--max-log-bytes must be at least {MIN_LOG_BYTES} (each host's log is "
+                     "kept in eighths, each holding at least one record), got "
+                     f"{args.max_log_bytes}")
     if args.cache_bytes < 0:
         parser.error(f"--cache-bytes must be >= 0, got {args.cache_bytes}")
     if not -1 <= args.data_port <= 65535:

@@ -3,8 +3,11 @@
 Offsets count bytes of the framed stream from the job's start and never move.
 Up to ``max_bytes`` are kept: the first half in ``host-N.log``, then tail
 segments ``host-N.log.OFFSET`` of an eighth each, the oldest dropped once there
-are more than four. A reader whose offset falls in what was dropped gets one
-notice that says how much was cut, then the kept tail.
+are more than four. No file holds more than its share: a record that does not
+fit what is left of one goes whole to the next, and one larger than a whole
+file is split to fill each. A reader whose offset falls in what was dropped
+gets one notice that says how much was cut and how much is kept, then the
+kept tail.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 _FRAME = struct.Struct("<BI")    # output stream, length
 _TAIL_SEGMENTS = 4
 DEFAULT_MAX_LOG_BYTES = 1 << 30
+MIN_LOG_BYTES = 512     # a tail segment (an eighth) holds a record with some data
 
 
 class StoreFull(OSError):
@@ -43,7 +47,7 @@ class HostLog:
                  host: int = 0) -> None:
         self.path = path
         self.host = host
-        self.max_bytes = max(2 * _TAIL_SEGMENTS, max_bytes)
+        self.max_bytes = max(MIN_LOG_BYTES, max_bytes)
         self.dropped = 0              # bytes that could not be stored (disk full)
         self._lock = threading.Lock()
         self._fd: int | None = None
@@ -80,14 +84,17 @@ class HostLog:
 
     def append(self, stream: int, data: bytes) -> None:
         """Store ``data``; raises :class:`StoreFull` when the disk is full (the
-        record that did not fit is not stored at all)."""
+        record that did not fit is not stored at all; those before it, of a
+        ``data`` split in several, stay)."""
         with self._lock:
             try:
                 if self._fd is None:
                     self._open()
-                for start in range(0, len(data), CHUNK_SIZE):
-                    piece = data[start:start + CHUNK_SIZE]
-                    self._write(_FRAME.pack(stream, len(piece)) + piece)
+                view = memoryview(data)
+                while view:
+                    n = self._fit(len(view))
+                    self._write(_FRAME.pack(stream, n) + view[:n])
+                    view = view[n:]
             except StoreFull:
                 raise
             except OSError as exc:
@@ -95,11 +102,20 @@ class HostLog:
                     raise StoreFull(exc.errno, f"no space left for {self.path}") from exc
                 raise
 
-    def _write(self, frame: bytes) -> None:
-        head = self._segment_start == 0
-        limit = self.max_bytes // 2 if head else self.max_bytes // (2 * _TAIL_SEGMENTS)
-        if self._size and self._size + len(frame) > limit:
+    def _limit(self) -> int:
+        """What the open segment may hold."""
+        return self.max_bytes // (2 if self._segment_start == 0 else 2 * _TAIL_SEGMENTS)
+
+    def _fit(self, want: int) -> int:
+        """How many of ``want`` bytes the next record takes: all of them (up to
+        a chunk) where they fit what is left of the open segment, else the
+        next one; as many as fit an empty segment."""
+        n = min(want, CHUNK_SIZE)
+        if self._size and self._size + _FRAME.size + n > self._limit():
             self._next_segment()
+        return min(n, max(1, self._limit() - self._size - _FRAME.size))
+
+    def _write(self, frame: bytes) -> None:
         assert self._fd is not None
         view = memoryview(frame)
         try:
@@ -140,7 +156,7 @@ class HostLog:
         """Whole records from ``offset``: (stream, data, offset after it)."""
         head, tails = self.segments()
         if tails and head <= offset < tails[0]:
-            return [(pb.OUTPUT_STREAM_STDERR, self._cut_notice(tails[0] - offset), tails[0])]
+            return [(pb.OUTPUT_STREAM_STDERR, self._cut_notice(offset, head, tails), tails[0])]
         start = max([0, *(t for t in tails if t <= offset)])
         try:
             with open(self._segment_path(start), "rb") as f:
@@ -163,7 +179,11 @@ class HostLog:
             pos = end
         return out
 
-    def _cut_notice(self, cut: int) -> bytes:
-        return (f"\n[remote_tpu: about {cut:,} bytes of host {self.host}'s output were cut "
-                f"here: the agent keeps the first and the last {self.max_bytes // 2:,} bytes "
-                "of each host's log (remote-tpu-agent --max-log-bytes)]\n").encode()
+    def _cut_notice(self, offset: int, head: int, tails: list[int]) -> bytes:
+        """What was cut from ``offset`` on, and what is kept (on disk now:
+        records with their 5 bytes of framing each)."""
+        tail = tails[-1] + _size(self._segment_path(tails[-1])) - tails[0]
+        return (f"\n[remote_tpu: about {tails[0] - offset:,} bytes of host {self.host}'s "
+                f"output were cut here; kept: the first {head:,} bytes and the last "
+                f"{tail:,} (the agent keeps up to {self.max_bytes:,} bytes of each host's "
+                "log: remote-tpu-agent --max-log-bytes)]\n").encode()

@@ -324,16 +324,17 @@ def test_a_record_that_fills_the_head_exactly_stays_in_it(tmp_path):
     assert host_log.end() == 400
 
 
-def test_a_record_one_byte_past_the_head_starts_a_tail_segment(tmp_path):
+def test_a_record_one_byte_past_the_head_goes_on_in_tail_segments_of_their_size(tmp_path):
     path = str(tmp_path / "host-0.log")
-    host_log = HostLog(path, max_bytes=800)
+    host_log = HostLog(path, max_bytes=800)           # head 400, tails of 100
     host_log.append(OUT, b"a" * 195)                  # 200 bytes framed
     host_log.append(OUT, b"b" * 196)                  # 401: one byte past the head
-    assert host_log.segments() == (200, [200])
+    assert host_log.segments() == (200, [200, 300, 400])
     assert os.path.exists(f"{path}.{200:020d}")
-    assert host_log.end() == 401
+    assert host_log.end() == 200 + 3 * FRAME + 196
     assert host_log.read(0) == [(OUT, b"a" * 195, 200)]
-    assert host_log.read(200) == [(OUT, b"b" * 196, 401)]
+    assert host_log.read(200) == [(OUT, b"b" * 95, 300)]
+    assert host_log.read(400) == [(OUT, b"b" * 6, 411)]
 
 
 def test_exactly_max_log_bytes_are_all_kept(tmp_path):
@@ -370,27 +371,87 @@ def test_one_record_past_max_log_bytes_cuts_the_oldest_tail_and_says_so(tmp_path
     assert stream == ERR
     assert after == 500
     assert b"about 100 bytes of host 7's output were cut here" in notice
-    assert b"the first and the last 400 bytes" in notice
+    assert b"kept: the first 400 bytes and the last 306 (" in notice   # 3 tails of 100, 6
+    assert b"up to 800 bytes of each host's log" in notice
     assert host_log.read(450)[0][2] == 500            # anywhere in the cut: one notice
     assert host_log.read(500) == [(OUT, b"1" * 95, 600)]
     assert host_log.read(800) == [(OUT, b"!", 806)]
 
 
-def test_a_first_record_larger_than_the_head_is_kept_whole(tmp_path):
-    path = str(tmp_path / "host-0.log")
-    host_log = HostLog(path, max_bytes=800)
-    host_log.append(OUT, b"x" * 1000)
-    assert host_log.read(0) == [(OUT, b"x" * 1000, 1005)]
-    assert host_log.segments() == (1005, [])
-
-
 def test_a_zero_max_log_bytes_is_raised_to_the_smallest_workable_bound(tmp_path):
     host_log = HostLog(str(tmp_path / "host-0.log"), max_bytes=0)
-    assert host_log.max_bytes == 8
-    for i in range(10):
-        host_log.append(OUT, bytes([65 + i]))
-    assert host_log.read(host_log.end() - (FRAME + 1)) == [(OUT, b"J", host_log.end())]
+    assert host_log.max_bytes == 512                  # head 256, tails of 64
+    for i in range(100):
+        host_log.append(OUT, bytes([65 + i % 26]))
+    assert host_log.read(host_log.end() - (FRAME + 1)) == [(OUT, b"V", host_log.end())]
     assert len(host_log.segments()[1]) == 4
+    assert sum(_kept(tmp_path)) <= 512
+
+
+def _read_all(host_log: HostLog) -> list[tuple[int, bytes, int]]:
+    got, offset = [], 0
+    while records := host_log.read(offset):
+        got += records
+        offset = records[-1][2]
+    return got
+
+
+def _kept(tmp_path) -> tuple[int, int]:
+    """(bytes of the head file, bytes of the tail segments) on disk."""
+    sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    head = sizes.pop("host-0.log")
+    return head, sum(sizes.values())
+
+
+def test_records_far_larger_than_the_bound_are_kept_within_it(tmp_path):
+    """--max-log-bytes 64K with output arriving in 1 MiB records (a process
+    that prints a lot at once): what is kept stays within 64 KiB, and the
+    notice says what was really kept."""
+    host_log = HostLog(str(tmp_path / "host-0.log"), max_bytes=64 << 10)
+    pieces = [bytes([65 + i]) * (1 << 20) for i in range(3)]
+    for piece in pieces:
+        host_log.append(OUT, piece)
+    head, tail = _kept(tmp_path)
+    assert head + tail <= 64 << 10
+    assert head == 32 << 10                           # the first record fills the head
+    got = _read_all(host_log)
+    text = b"".join(data for _, data, _ in got)
+    assert text.startswith(b"A" * (head - FRAME)) and text.endswith(b"C" * 1000)
+    [notice] = [data for stream, data, _ in got if stream == ERR]
+    assert f"kept: the first {head:,} bytes and the last {tail:,}".encode() in notice
+    assert host_log.end() > 3 << 20                   # offsets count every byte written
+
+
+@pytest.mark.parametrize("extra, head_records", [(0, 1), (1, 2)])
+def test_a_first_record_at_the_heads_size_or_one_past_it(tmp_path, extra, head_records):
+    """A record that fills the empty head exactly stays whole; one byte more
+    and that byte goes on to a tail segment: the head never holds more."""
+    host_log = HostLog(str(tmp_path / "host-0.log"), max_bytes=800)    # head: 400 bytes
+    data = b"x" * (400 - FRAME + extra)
+    host_log.append(OUT, data)
+    assert host_log.segments()[0] == 400
+    got = _read_all(host_log)
+    assert len(got) == head_records and b"".join(d for _, d, _ in got) == data
+    assert host_log.end() == 400 + (FRAME + 1) * extra
+
+
+def test_the_agent_refuses_a_max_log_bytes_too_small_for_a_record(tmp_path):
+    """Each host's log is kept in parts of an eighth of --max-log-bytes, each
+    holding at least one record (5 bytes of framing and its data)."""
+    import subprocess
+    import sys
+
+    MIN_LOG_BYTES = 512
+    def start(size: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--print-slice",
+                               "--worker-id", "0", "--peers", "127.0.0.1:1",
+                               "--max-log-bytes", size], capture_output=True, text=True,
+                              timeout=60)
+    refused = start(str(MIN_LOG_BYTES - 1))
+    assert refused.returncode == 2
+    assert f"--max-log-bytes must be at least {MIN_LOG_BYTES}" in refused.stderr
+    assert f"got {MIN_LOG_BYTES - 1}" in refused.stderr
+    assert start(str(MIN_LOG_BYTES)).returncode == 0
 
 
 def test_the_store_passes_its_max_log_bytes_to_every_host_log(state):
