@@ -403,4 +403,5 @@ def main(argv: list[str] | None = None) -> int:
     log.info("shutting down")
     service.stop_all()
     server.stop(grace=1).wait()
+    service.refusals.close()       # no call comes any more: what was counted is said
     return 0

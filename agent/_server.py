@@ -36,7 +36,7 @@ from . import _peer
 from ._config import AgentConfig
 from ._discovery import MetadataServer, advertise_address
 from ._gateway import GatewayRole
-from ._guard import TokenInterceptor
+from ._guard import Refusals, TokenInterceptor
 from ._host import Host
 from ._job_views import JobViews, result, status_of, watch
 from ._outputs import output_env, own_files, slice_files
@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 class AgentService(pb_grpc.AgentServicer):
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.refusals = Refusals()       # calls refused for their token, by peer
         self.address = advertise_address(config.host, config.advertise)   # host only
         self.port = config.port          # the bound port, once create_server has bound it
         # No state dir given: an ephemeral agent's, removed when it stops.
@@ -377,14 +378,14 @@ def create_server(config: AgentConfig) -> tuple[grpc.Server, int, AgentService]:
         "grpc.http2.min_sent_ping_interval_without_data_ms": 1000,
         "grpc.http2.max_ping_strikes": 0,
     })
-    interceptors = [TokenInterceptor(config.token)] if config.token else []
+    service = AgentService(config)
+    interceptors = [TokenInterceptor(config.token, service.refusals)] if config.token else []
     # Every stream slot has its thread, and short calls keep a reserve of their own.
     threads = config.max_streams + _peer.STREAMS + RESERVE_THREADS
     server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=threads,
                                                                thread_name_prefix="rpc"),
                          options=options, interceptors=interceptors,
                          maximum_concurrent_rpcs=threads + 64)
-    service = AgentService(config)
     pb_grpc.add_AgentServicer_to_server(service, server)
     address = join_host_port(config.host, config.port)
     if config.tls_cert:

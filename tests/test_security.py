@@ -8,6 +8,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -264,6 +265,132 @@ def test_insecure_agent_on_all_interfaces_still_demands_the_token(tmp_path):
         _, err = proc.communicate(timeout=10)
     assert "*** INSECURE: no TLS on 0.0.0.0" in err and "token is required" in err
     assert f"no slice token was configured: created {token_file}" in err
+
+
+class _From:
+    """A TCP relay on 127.0.0.1 whose connections reach ``target`` from the
+    loopback address ``source`` (127.0.0.2, say): another peer, as the agent
+    sees it."""
+
+    def __init__(self, source: str, target: tuple[str, int]) -> None:
+        self._source, self._target = source, target
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                inbound, _ = self._server.accept()
+            except OSError:
+                return                              # closed
+            outbound = socket.create_connection(self._target, source_address=(self._source, 0))
+            for a, b in ((inbound, outbound), (outbound, inbound)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._server.close()
+
+
+@pytest.mark.slow
+def test_refused_calls_name_their_peer_and_repeats_are_counted_not_logged(tmp_path):
+    """2,000 calls without the token from two peers: each peer is named in
+    one line at once, and its other refusals in one line with their count (at
+    the latest when the agent stops), not one line each."""
+    proc = subprocess.Popen([sys.executable, "-m", "remote_tpu_agent", "--host", "0.0.0.0",
+                             "--port", "0", "--insecure", "--spare-workers", "0",
+                             "--state-dir", str(tmp_path / "s")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    relays = []
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("remote-tpu-agent listening on 0.0.0.0:"), line
+        port = int(line.strip().rsplit(":", 1)[1])
+        relays = [_From(source, ("127.0.0.1", port)) for source in ("127.0.0.1", "127.0.0.2")]
+
+        def knock(address: str) -> None:
+            channel, stub = _stub(address)
+            with channel:
+                for _ in range(1000):
+                    with pytest.raises(grpc.RpcError) as info:
+                        stub.Health(pb.HealthRequest(), timeout=10)
+                    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        knockers = [threading.Thread(target=knock, args=(r.address,)) for r in relays]
+        for t in knockers:
+            t.start()
+        for t in knockers:
+            t.join(120)
+    finally:
+        for relay in relays:
+            relay.close()
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    refused = [line for line in err.splitlines() if "refused" in line]
+    for peer in ("127.0.0.1", "127.0.0.2"):
+        mine = [line for line in refused if f" from {peer}" in line]
+        assert len(mine) == 2, refused
+        assert "Health" in mine[0] and "no slice token" in mine[0], mine
+        assert f"refused 999 more calls from {peer}" in mine[1], mine
+    assert len(refused) == 4, refused
+
+
+def test_refusals_are_said_once_per_interval_per_peer_and_forgotten_when_quiet(caplog):
+    from conftest import wait_until
+    from remote_tpu_agent._guard import Refusals
+
+    caplog.set_level("WARNING", logger="remote_tpu_agent._guard")
+    refusals = Refusals(interval=0.5)
+    try:
+        for i in range(2000):
+            peer = "ipv4:10.0.0.7:4242" if i % 2 else "ipv6:%5B::1%5D:4343"
+            refusals.note(peer, "/remote_tpu.v1.Agent/Health",
+                          "no slice token" if i < 1000 else "a wrong slice token")
+        assert len(caplog.records) == 2                   # each peer's first, at once
+        assert wait_until(lambda: len(caplog.records) == 4, timeout=5)
+        lines = sorted(r.getMessage() for r in caplog.records[2:])
+        assert lines == [
+            "refused 999 more calls from 10.0.0.7 in the last 0.5 s or less "
+            "(a wrong slice token: 500, no slice token: 499)",
+            "refused 999 more calls from ::1 in the last 0.5 s or less "
+            "(a wrong slice token: 500, no slice token: 499)"]
+        refusals.note("ipv4:10.0.0.7:4242", "/remote_tpu.v1.Agent/Run", "no slice token")
+        assert len(caplog.records) == 4                   # still refused lately: counted
+        assert wait_until(lambda: len(caplog.records) == 5, timeout=5)
+        assert "refused 1 more call from 10.0.0.7" in caplog.records[4].getMessage()
+        assert wait_until(lambda: not refusals._peers, timeout=5)   # quiet: forgotten
+        refusals.note("ipv4:10.0.0.7:4242", "/remote_tpu.v1.Agent/Run", "no slice token")
+        assert len(caplog.records) == 6
+        assert caplog.records[5].getMessage().startswith(
+            "refused /remote_tpu.v1.Agent/Run from 10.0.0.7: no slice token")
+    finally:
+        refusals.close()
+
+
+def test_refusals_from_very_many_peers_are_counted_together_beyond_a_bound(caplog):
+    from remote_tpu_agent import _guard
+
+    caplog.set_level("WARNING", logger="remote_tpu_agent._guard")
+    refusals = _guard.Refusals(interval=60)
+    for i in range(_guard._MAX_PEERS + 500):
+        refusals.note(f"ipv4:10.0.{i >> 8}.{i & 255}:1", "/m", "no slice token")
+    assert len(caplog.records) == _guard._MAX_PEERS
+    refusals.close()
+    assert caplog.records[-1].getMessage().startswith(
+        "refused 500 more calls from other peers")
 
 
 # ---------------------------------------------------- plaintext from clients
