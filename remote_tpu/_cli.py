@@ -8,11 +8,15 @@ import json
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from ._core.exceptions import RemoteTPUError
 from ._core.addresses import HOSTS_ENV
 from ._core.versions import local_versions
 from ._cli_run import add_parsers, hosts_arg as _hosts_arg
+
+if TYPE_CHECKING:
+    from ._jobs import JobStatus
 
 
 def _version(args: argparse.Namespace) -> int:
@@ -49,6 +53,17 @@ def _local(args: argparse.Namespace) -> int:
     return 0
 
 
+def job_detail(j: JobStatus) -> str:
+    """The DETAIL column of ``jobs list``: a queued job's place in the queue
+    (nothing may be ahead of it: the slice is about to be its own)."""
+    if j.state != "QUEUED":
+        return j.detail
+    place = f"behind {j.queued_behind}" if j.queued_behind else "next in line"
+    if j.queue_position:
+        place += f" (position {j.queue_position})"
+    return f"{place}; {j.detail}" if j.detail else place
+
+
 def _jobs(args: argparse.Namespace) -> int:
     import datetime
 
@@ -60,8 +75,8 @@ def _jobs(args: argparse.Namespace) -> int:
         print(f"{'JOB':<44} {'STATE':<10} {'ACCELERATOR':<18} {'CREATED':<19} DETAIL")
         for j in rows:
             created = datetime.datetime.fromtimestamp(j.created_at).strftime("%Y-%m-%d %H:%M:%S")
-            detail = j.detail if j.state != "QUEUED" else f"behind {j.queued_behind}"
-            print(f"{j.id:<44} {j.state:<10} {j.accelerator:<18} {created:<19} {detail}")
+            print(f"{j.id:<44} {j.state:<10} {j.accelerator:<18} {created:<19} "
+                  f"{job_detail(j)}")
         return 0
     handle = attach(args.job_id, hosts)
     if args.action == "status":

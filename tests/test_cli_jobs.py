@@ -1,0 +1,34 @@
+"""`remote-tpu jobs list`: what each job's row says, from the agent's reply
+as it comes over the wire. Fast, no agents."""
+
+from __future__ import annotations
+
+import pytest
+
+from remote_tpu._cli import job_detail
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu._jobs import JobStatus
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _listed(**fields) -> JobStatus:
+    return JobStatus.from_pb(pb.JobStatus(job_id="job-b", accelerator="tpu-v4-16",
+                                          num_hosts=2, **fields))
+
+
+@pytest.mark.parametrize("fields, shown", [
+    # Next in line, nothing ahead of it (the slice not yet taken, or warm workers ending).
+    (dict(queue_position=1), "next in line (position 1)"),
+    (dict(queue_position=2, queued_behind="job-a"), "behind job-a (position 2)"),
+    (dict(queued_behind="job-a"), "behind job-a"),
+])
+def test_a_queued_job_says_where_it_stands(fields, shown):
+    detail = job_detail(_listed(phase=pb.JOB_PHASE_QUEUED, **fields))
+    assert detail == shown
+    assert "None" not in detail
+
+
+def test_other_jobs_show_their_detail():
+    assert job_detail(_listed(phase=pb.JOB_PHASE_FAILED, detail="host 1: ValueError")) == \
+        "host 1: ValueError"
