@@ -20,6 +20,7 @@ import stat
 import threading
 import time
 
+from remote_tpu._core.dirs import make_private
 from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.states import FINISHED, phase_name
@@ -59,8 +60,8 @@ class JobStore:
         self.max_store_bytes = max_store_bytes
         _check_own(state_dir)
         for directory in (state_dir, os.path.join(state_dir, "jobs")):
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            os.chmod(directory, 0o700)
+            make_private(directory)      # (and those above it that it makes)
+            os.chmod(directory, 0o700)   # the agent's own: _check_own
         db_path = os.path.join(state_dir, "jobs.sqlite")
         # SQLite gives its -wal and -shm files the mode of the database file.
         os.close(os.open(db_path, os.O_RDWR | os.O_CREAT, 0o600))

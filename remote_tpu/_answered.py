@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import threading
 
+from ._core.dirs import make_private
+
 KEEP = 256
 _lock = threading.Lock()
 _known: set[str] | None = None
@@ -54,7 +56,7 @@ def note(address: str) -> None:
 def _save(address: str) -> None:
     path = _path()
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        make_private(os.path.dirname(path))
         try:
             with open(path, encoding="utf-8") as f:
                 lines = [line.strip() for line in f if line.strip() and line.strip() != address]

@@ -229,6 +229,22 @@ def _environment_as_it_was():
         os.environ.update(before)
 
 
+@contextlib.contextmanager
+def umask(mask: int):
+    """This process's umask set to ``mask`` for the block (0: the modes asked
+    for are the modes made)."""
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path) -> int:
+    """``path``'s permission bits (0o700, say)."""
+    return os.stat(path).st_mode & 0o7777
+
+
 def need_iptables() -> None:
     """Skip the test where there is no iptables, or it may not be used."""
     if shutil.which("iptables") is None:

@@ -97,6 +97,26 @@ def _listening(port: int) -> bool:
         return False
 
 
+def test_the_memory_of_agents_that_answered_is_kept_in_owner_only_directories(
+        tmp_path, monkeypatch):
+    """$XDG_STATE_HOME/remote_tpu/answered: each directory made on the way is
+    0700 (as the XDG spec asks); one that was there keeps its mode."""
+    from conftest import mode, umask
+    from remote_tpu import _answered
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o755)
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    monkeypatch.setattr(_answered, "_known", None)
+    with umask(0):
+        _answered.note("127.0.0.1:8475")
+    for made in (home / ".local", home / ".local" / "state",
+                 home / ".local" / "state" / "remote_tpu"):
+        assert mode(made) == 0o700, made
+    assert mode(home) == 0o755
+    assert mode(home / ".local" / "state" / "remote_tpu" / "answered") == 0o600
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["call", "submit"])
 def test_agent_coming_up_two_seconds_late_is_waited_for(how, tmp_path, capsys):

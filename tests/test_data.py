@@ -185,6 +185,19 @@ def test_gcs_names_at_the_edges_that_are_fine(gcs, gcs_cache):
     assert open(gcs_copies.local_copy("gs://edges/one.txt")).read() == "one.txt"
 
 
+def test_the_gcs_copies_directory_is_made_owner_only(gcs, tmp_path, monkeypatch):
+    from conftest import mode, umask
+    cache = tmp_path / "caches" / "gcs"
+    monkeypatch.setenv("REMOTE_TPU_GCS_CACHE", str(cache))
+    tmp_path.chmod(0o755)
+    gcs.make_bucket("modes").blob("data/f.txt").upload_from_string(b"f")
+    with umask(0):
+        tree = gcs_copies.local_copy("gs://modes/data")
+    assert open(os.path.join(tree, "f.txt")).read() == "f"
+    assert mode(cache.parent) == mode(cache) == mode(tree) == 0o700
+    assert mode(tmp_path) == 0o755
+
+
 @pytest.mark.slow
 def test_a_hostile_gcs_object_fails_the_call_naming_it(gcs, agents, tmp_path):
     outside = tmp_path / "evil"

@@ -122,6 +122,19 @@ def test_token_init_creates_a_private_file_once(tmp_path):
     assert forced.returncode == 0
 
 
+def test_the_directories_made_for_a_token_file_are_owner_only_those_there_kept(tmp_path):
+    from conftest import mode, umask
+    from remote_tpu._core.auth import write_token_file
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o755)
+    path = home / ".config" / "remote_tpu" / "token"
+    with umask(0):
+        write_token_file(str(path), new_token())
+    assert mode(home / ".config") == mode(path.parent) == 0o700
+    assert mode(home) == 0o755 and mode(path) == 0o600
+
+
 def test_agent_refuses_a_token_file_others_can_read(tmp_path):
     path = tmp_path / "token"
     path.write_text(new_token())

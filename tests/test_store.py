@@ -5,7 +5,6 @@ no JAX."""
 from __future__ import annotations
 
 import os
-import stat
 import time
 
 import pytest
@@ -15,6 +14,8 @@ from remote_tpu._core.limits import DETAIL_CHARS
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent._hostlog import HostLog
 from remote_tpu_agent._store import JobStore
+
+from conftest import mode, umask
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -55,10 +56,6 @@ def listed(store: JobStore, role: int = pb.ROLE_GATEWAY) -> list[str]:
 
 def job_dirs(state: str) -> list[str]:
     return sorted(os.listdir(os.path.join(state, "jobs")))
-
-
-def mode(path) -> int:
-    return stat.S_IMODE(os.stat(path).st_mode)
 
 
 # ---------------------------------------------------------------- records
@@ -674,6 +671,21 @@ def test_the_store_is_owner_only_whatever_the_umask(state):
         assert mode(record.dir) == 0o700
     finally:
         store.close()
+
+
+def test_the_directories_made_above_the_state_dir_are_owner_only_those_there_kept(tmp_path):
+    """The default state dir, ~/.local/state/remote_tpu/agent-PORT: each
+    directory the agent makes on the way is 0700 (as the XDG spec asks);
+    one that was there keeps its mode."""
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o755)
+    state = home / ".local" / "state" / "remote_tpu" / "agent-8475"
+    with umask(0):
+        JobStore(str(state)).close()
+    for made in (home / ".local", home / ".local" / "state", state.parent, state):
+        assert mode(made) == 0o700, made
+    assert mode(home) == 0o755
 
 
 def test_an_existing_state_dir_is_made_private(tmp_path):

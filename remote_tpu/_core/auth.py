@@ -15,6 +15,7 @@ import os
 import secrets
 import stat
 
+from .dirs import make_private
 from .exceptions import ConfigurationError
 
 TOKEN_METADATA_KEY = "x-remote-tpu-token"
@@ -33,8 +34,9 @@ def new_token() -> str:
 
 
 def write_token_file(path: str, token: str, *, overwrite: bool = False) -> None:
-    """Write ``token`` to ``path`` with mode 0600 (its directory 0700)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    """Write ``token`` to ``path`` with mode 0600 (the directories made for
+    it 0700)."""
+    make_private(os.path.dirname(os.path.abspath(path)))
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
     try:
         fd = os.open(path, flags, 0o600)

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 
 from . import digests
-from .dirs import prune_oldest
+from .dirs import make_private, prune_oldest
 from .exceptions import ConfigurationError
 from .local_names import UnsafeName, local_path
 
@@ -68,7 +68,7 @@ def local_copy(uri: str) -> str:
     cache = os.environ.get("REMOTE_TPU_GCS_CACHE") or os.path.join(
         tempfile.gettempdir(), f"remote_tpu-gcs-{os.getuid()}")
     root = os.path.join(cache, digests.of(uri.encode()).hex()[:24])
-    os.makedirs(root, mode=0o700, exist_ok=True)
+    make_private(root)
     bucket_name, name = split(uri)
     with open(root + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -100,7 +100,7 @@ def local_copy(uri: str) -> str:
                 not os.path.isfile(paths[rel])]
         pairs = []
         for rel, blob in todo:
-            os.makedirs(os.path.dirname(paths[rel]), exist_ok=True)
+            make_private(os.path.dirname(paths[rel]))
             pairs.append((blob, paths[rel]))
         try:
             transfer_manager.download_many(pairs, max_workers=THREADS,
