@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 
 import grpc
 import numpy as np
 import pytest
 
 import remote_tpu
-from conftest import Agents, on_agents, wait_until
+from conftest import Agents, free_port, on_agents, wait_until
 from remote_tpu._core import data_wire, digests
 from remote_tpu._core.channels import Credentials, stub
 from remote_tpu._core.limits import CHUNK_SIZE
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture
 def fresh_memory(monkeypatch):
     """This process has not yet found any data port unreachable."""
-    monkeypatch.setattr(data_wire, "_unusable", set())
+    monkeypatch.setattr(data_wire, "_unusable", {})
 
 
 @pytest.fixture
@@ -101,8 +102,43 @@ def test_a_submitted_jobs_value_over_the_data_port_and_without_it(pair, monkeypa
     def refuse(*args, **kwargs):
         raise ConnectionRefusedError("a firewall")
     monkeypatch.setattr(data_wire.socket, "create_connection", refuse)
-    monkeypatch.setattr(data_wire, "_unusable", set())
+    monkeypatch.setattr(data_wire, "_unusable", {})
     assert bytes(handle.result(timeout=120)) == bytes(np.arange(n, dtype=np.uint8))
+
+
+@pytest.mark.slow
+def test_a_data_port_found_unusable_is_tried_again_after_a_back_off(pair, fresh_memory,
+                                                                   monkeypatch):
+    """One connection that failed (a timeout in a busy moment) does not send
+    bulk bytes over gRPC for the rest of the process: the data port is tried
+    again after a pause, which doubles while it keeps failing, up to a bound,
+    and starts afresh once it works."""
+    monkeypatch.setattr(data_wire, "RETRY_AFTER", 1.0)
+    monkeypatch.setattr(data_wire, "RETRY_MAX", 2.0)
+    address = pair.addresses[0]
+    creds = Credentials(token=pair.token)
+
+    def send() -> pb.BlobStored | None:
+        data = os.urandom(CHUNK_SIZE + 3)
+        ref = pb.BlobRef(digest=digests.of(data), size=len(data))
+        return data_wire.put_blob(stub(address, creds), address, creds,
+                                  pb.BlobChunk(blob=ref), lambda sock: sock.sendall(data))
+
+    def fail_then_wait() -> float:
+        """A connection refused (nothing listens there); how long until the
+        data port is worth trying again."""
+        start = time.monotonic()
+        with pytest.raises(data_wire.Unreachable):
+            data_wire.connect(address, free_port(), os.urandom(data_wire.NONCE_SIZE))
+        assert send() is None                       # meanwhile: gRPC's turn
+        assert wait_until(lambda: data_wire.usable(address), timeout=10)
+        return time.monotonic() - start
+
+    assert fail_then_wait() >= 1.0
+    assert send().refused == ""                     # over the data port again
+    assert 1.0 <= fail_then_wait() < 2.0            # (it worked: the pause starts afresh)
+    assert fail_then_wait() >= 2.0                  # failed again: twice as long
+    assert 2.0 <= fail_then_wait() < 3.5            # and no longer than RETRY_MAX
 
 
 def test_a_connection_without_a_ticket_is_greeted_and_closed(pair):

@@ -17,8 +17,9 @@ and a one-use ticket (``pb.DataTicket``). Then:
 3. the receiver answers with one length-prefixed protobuf message.
 
 Where the data port cannot be reached, or the channel uses TLS (the data port
-has none), the sender uses gRPC as before, and remembers an unreachable port
-for the rest of its process.
+has none), the sender uses gRPC as before, and leaves an unreachable port
+alone for a while: ``RETRY_AFTER`` seconds, doubling while it keeps failing,
+up to ``RETRY_MAX``, and afresh once it works.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from .proto import remote_tpu_pb2 as pb
 MAGIC = b"remote-tpu data 1\n"
 NONCE_SIZE = 16
 TICKET_SIZE = 32
-CONNECT_TIMEOUT = 3.0        # a port a firewall drops costs this, once per process
+CONNECT_TIMEOUT = 3.0        # a port a firewall drops costs this, once per pause below
 IO_TIMEOUT = 120.0           # no byte moved for this long: the other side is gone
 MAX_REPLY = 1 << 20
 MAX_FRAME = MAX_MESSAGE_BYTES    # a lane's frame body: what a gRPC message may be
@@ -48,13 +49,17 @@ MAX_FRAME = MAX_MESSAGE_BYTES    # a lane's frame body: what a gRPC message may 
 HEARTBEAT = 0xFFFFFFFF        # a reply frame of this "length": still working, no reply yet
 HEARTBEAT_SECONDS = 1.0
 
-_unusable: set[str] = set()      # agents (by address) whose data port cannot be used from here
+RETRY_AFTER = 30.0           # a data port found unusable is left alone this long,
+RETRY_MAX = 600.0            # doubling while it keeps failing, up to this
+# Agents (by address) whose data port could not be used from here lately:
+# when it is worth trying again, and the pause that led there.
+_unusable: dict[str, tuple[float, float]] = {}
 _lock = threading.Lock()
 
 
 class Unreachable(Exception):
     """The data port cannot be used: send over gRPC instead. ``lasting``: not
-    worth trying again from this process (refused, dropped, someone else's)."""
+    worth trying again for a while (refused, dropped, someone else's)."""
 
     def __init__(self, message: str, lasting: bool = True) -> None:
         super().__init__(message)
@@ -69,10 +74,25 @@ def worth_trying(address: str, credentials) -> bool:
 
 def usable(address: str) -> bool:
     """Whether the data port of the agent at ``address`` is worth asking for:
-    not once it could not be reached from this process (each ticket asked for
-    in vain would wait there for a minute)."""
+    not for a while after it could not be reached from this process (each
+    ticket asked for in vain would wait there for a minute)."""
     with _lock:
-        return address not in _unusable
+        entry = _unusable.get(address)
+        return entry is None or time.monotonic() >= entry[0]
+
+
+def _found_unusable(address: str) -> None:
+    """Leave the data port at ``address`` alone for a pause: twice the last
+    one while it keeps failing, up to ``RETRY_MAX``. (Addresses whose pause
+    ended long ago are forgotten: the record stays small.)"""
+    now = time.monotonic()
+    with _lock:
+        for known, (retry_at, _) in list(_unusable.items()):
+            if retry_at + RETRY_MAX < now:
+                del _unusable[known]
+        last = _unusable.get(address, (0.0, 0.0))[1]
+        pause = min(RETRY_MAX, 2 * last) if last else RETRY_AFTER
+        _unusable[address] = (now + pause, pause)
 
 
 def connect(address: str, port: int, nonce: bytes, io_timeout: float | None = None
@@ -82,12 +102,14 @@ def connect(address: str, port: int, nonce: bytes, io_timeout: float | None = No
     for ``io_timeout`` seconds (default ``IO_TIMEOUT``) fails."""
     host = host_of(address)
     try:
-        return _connect(host, port, nonce, io_timeout)
+        sock = _connect(host, port, nonce, io_timeout)
     except Unreachable as exc:
         if exc.lasting:
-            with _lock:
-                _unusable.add(address)
+            _found_unusable(address)
         raise
+    with _lock:
+        _unusable.pop(address, None)        # it works (again)
+    return sock
 
 
 def _connect(host: str, port: int, nonce: bytes, io_timeout: float | None) -> socket.socket:
