@@ -201,6 +201,13 @@ WantedBy=multi-user.target
 """
 
 
+_ROOT_BY_DEFAULT = (
+    "remote-tpu-agent install-service: without --user the agent would run as root (the "
+    "user running this, as under sudo), and so would every function a token holder "
+    "sends. Pass --user {suggested} to run it as that user (the one whose "
+    "~/.config/remote_tpu/token it reads), or --user root if root is really meant.")
+
+
 def _install_service_main(argv: list[str]) -> int:
     import getpass
     import shlex
@@ -214,11 +221,17 @@ def _install_service_main(argv: list[str]) -> int:
                     "--tls-cert ...).")
     p.add_argument("--dry-run", action="store_true", help="print the unit and the commands")
     p.add_argument("--unit-path", default="/etc/systemd/system/remote-tpu-agent.service")
-    p.add_argument("--user", default=getpass.getuser(), help="run the agent as this user")
+    p.add_argument("--user", default="", help="run the agent as this user (default: the "
+                   "one running this; root only when named)")
     args, agent_args = p.parse_known_args(argv)
     _serve_parser().parse_args(agent_args)      # a typo fails here, not at boot
+    user = args.user or getpass.getuser()
+    if user == "root" and not args.user:
+        print(_ROOT_BY_DEFAULT.format(suggested=os.environ.get("SUDO_USER") or "NAME"),
+              file=sys.stderr)
+        return 2
     exec_start = shlex.join([sys.executable, "-m", "remote_tpu_agent", *agent_args])
-    unit = _UNIT.format(user=args.user, exec_start=exec_start)
+    unit = _UNIT.format(user=user, exec_start=exec_start)
     name = os.path.basename(args.unit_path)
     commands = [["systemctl", "daemon-reload"], ["systemctl", "enable", "--now", name]]
     if args.dry_run:

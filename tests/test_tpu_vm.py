@@ -224,9 +224,11 @@ def test_kill_tpu_holders_frees_the_tpu(tpu_files):
 def test_install_service_dry_run_prints_the_unit():
     proc = subprocess.run([sys.executable, "-m", "remote_tpu_agent", "install-service",
                            "--dry-run", "--host", "0.0.0.0", "--tls-cert", "a.pem",
-                           "--tls-key", "a.key"], capture_output=True, text=True, timeout=30)
+                           "--tls-key", "a.key"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "LOGNAME": "tpu-user"})   # (who runs it)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    assert "\nUser=tpu-user\n" in out
     assert "# /etc/systemd/system/remote-tpu-agent.service" in out
     assert (f"ExecStart={sys.executable} -m remote_tpu_agent --host 0.0.0.0 --tls-cert a.pem "
             "--tls-key a.key") in out
@@ -236,6 +238,23 @@ def test_install_service_dry_run_prints_the_unit():
                            "--dry-run", "--hots", "x"], capture_output=True, text=True,
                           timeout=30)
     assert typo.returncode == 2 and "unrecognized arguments: --hots" in typo.stderr
+
+
+@pytest.mark.parametrize("sudo_user", ["alice", None])
+def test_install_service_as_root_without_user_is_refused(sudo_user):
+    """Under sudo the user is root: without --user the agent, and every job a
+    token holder sends, would run as root. Only an explicit --user root does."""
+    env = {k: v for k, v in os.environ.items() if k != "SUDO_USER"}
+    env.update(LOGNAME="root", USER="root", **({"SUDO_USER": sudo_user} if sudo_user else {}))
+    cmd = [sys.executable, "-m", "remote_tpu_agent", "install-service", "--dry-run",
+           "--host", "0.0.0.0", "--insecure"]
+    refused = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env)
+    assert refused.returncode == 2 and "User=" not in refused.stdout
+    assert "without --user the agent would run as root" in refused.stderr
+    assert f"--user {sudo_user or 'NAME'}" in refused.stderr and "--user root" in refused.stderr
+    meant = subprocess.run(cmd + ["--user", "root"], capture_output=True, text=True, timeout=30,
+                           env=env)
+    assert meant.returncode == 0 and "\nUser=root\n" in meant.stdout
 
 
 def _readme_tpu_recipe() -> str:
