@@ -1,3 +1,3 @@
-from ._cli import main
+from remote_tpu_agent.server.cli import main
 
 raise SystemExit(main())

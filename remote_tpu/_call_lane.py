@@ -1,6 +1,6 @@
 """This process's lanes: a warm session's next calls sent to its gateway on one
 plain TCP connection instead of a gRPC call (the gateway's side, and why, is
-in ``agent/_call_lane.py``).
+in ``agent/wire/caller_lane.py``).
 
 A call that leaves a warm session going may end with a ticket (``JobEnd.lane``);
 ``opened`` connects with it, and ``start`` sends the next call of this process

@@ -46,7 +46,7 @@ def live_workers() -> list[psutil.Process]:
     out = []
     for p in job_processes():
         try:
-            if "remote_tpu_agent._worker" in " ".join(p.cmdline()) and not is_idle_spare(p):
+            if "remote_tpu_agent.worker.child" in " ".join(p.cmdline()) and not is_idle_spare(p):
                 out.append(p)
         except psutil.NoSuchProcess:
             continue

@@ -18,7 +18,7 @@ from conftest import Agents, on_agents, wait_until
 from remote_tpu import _blobs
 from remote_tpu._core.exceptions import ConfigurationError, JobFailedError
 from remote_tpu._core.limits import CHUNK_SIZE
-from remote_tpu_agent._cache_dir import default_dir
+from remote_tpu_agent.host.cache_dir import default_dir
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -395,8 +395,8 @@ def test_a_peer_lacking_a_buffer_is_sent_it_from_the_gateways_cache(pair, tmp_pa
     from remote_tpu._core import digests
     from remote_tpu._core.channels import Credentials, stub
     from remote_tpu._core.proto import remote_tpu_pb2 as pb
-    from remote_tpu_agent._blob_sends import ensure_on
-    from remote_tpu_agent._blobs import BlobCache
+    from remote_tpu_agent.host.blob_sends import ensure_on
+    from remote_tpu_agent.host.blobs import BlobCache
 
     data = os.urandom(3 * CHUNK_SIZE + 5)
     ref = pb.BlobRef(digest=digests.of(data), size=len(data))
@@ -497,7 +497,7 @@ def test_a_peer_whose_cache_is_too_small_for_the_call_says_what_to_raise(
 
 def test_a_cache_says_when_a_calls_buffers_can_never_all_be_in_it(tmp_path):
     from remote_tpu._core.proto import remote_tpu_pb2 as pb
-    from remote_tpu_agent._blobs import BlobCache
+    from remote_tpu_agent.host.blobs import BlobCache
 
     cache = BlobCache(str(tmp_path / "cache"), CACHE)
     try:

@@ -1,4 +1,4 @@
-"""A caller's lane (remote_tpu/_call_lane.py, agent/_call_lane.py): a warm
+"""A caller's lane (remote_tpu/_call_lane.py, agent/wire/caller_lane.py): a warm
 session's next calls go to the gateway on one plain TCP connection of its data
 port instead of RunInline. Two real agents, real callers."""
 
@@ -17,7 +17,7 @@ import pytest
 import remote_tpu
 from remote_tpu import _call_lane as lane
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu_agent import _call_lane as lane_server
+from remote_tpu_agent.wire import caller_lane as lane_server
 
 from conftest import ROOT, Agents, dropping, need_iptables, wait_until
 

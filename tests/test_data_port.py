@@ -83,7 +83,7 @@ def test_values_a_client_cannot_fetch_do_not_pile_up_on_the_gateway(pair, firewa
     """The first value's ticket cannot be used: it is read over gRPC, and the
     next calls ask for no ticket; no value waits in the gateway's memory for
     a ticket to lapse."""
-    from remote_tpu_agent._cache_dir import default_dir
+    from remote_tpu_agent.host.cache_dir import default_dir
 
     make = _make(pair)
     for _ in range(3):

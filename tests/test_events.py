@@ -1,4 +1,4 @@
-"""A job's event queue (agent/_events.py): what wakes its reader."""
+"""A job's event queue (agent/jobs/events.py): what wakes its reader."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from remote_tpu_agent._events import EventQueue
+from remote_tpu_agent.jobs.events import EventQueue
 
 pytestmark = pytest.mark.timeout(30)
 

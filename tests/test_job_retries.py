@@ -203,7 +203,7 @@ def _ended_by_a_lost_host() -> Exception:
 
 def test_every_worker_is_told_its_attempt_even_without_retries():
     from remote_tpu._core.proto import remote_tpu_pb2 as pb
-    from remote_tpu_agent._worker_env import worker_env
+    from remote_tpu_agent.worker.environment import worker_env
 
     def attempt(**kw):
         spec = pb.JobSpec(job_id="j", accelerator="tpu-v4-16", num_hosts=2, **kw)
@@ -219,8 +219,8 @@ def test_a_cancel_while_an_attempt_winds_down_is_not_lost(tmp_path):
     """The window between an attempt's end and its backoff: the scheduler
     still holds the job, so a cancel ends it instead of the next attempt."""
     from remote_tpu._core.proto import remote_tpu_pb2 as pb
-    from remote_tpu_agent._scheduler import Scheduler
-    from remote_tpu_agent._store import JobStore
+    from remote_tpu_agent.gateway.scheduler import Scheduler
+    from remote_tpu_agent.jobs.store import JobStore
 
     ended, go_on, runs = threading.Event(), threading.Event(), []
 

@@ -1,4 +1,4 @@
-"""A warm session's lane (agent/_lane.py): its calls and their events on one
+"""A warm session's lane (agent/wire/peer_lane.py): its calls and their events on one
 plain TCP connection between the gateway and each peer, opened with a ticket of
 the peer's data port. The module on a real data port; then two real agents."""
 
@@ -16,9 +16,9 @@ import pytest
 import remote_tpu
 from remote_tpu._core.limits import INLINE_BYTES, MAX_MESSAGE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu_agent._data_port import DataPort
+from remote_tpu_agent.wire.data_port import DataPort
 from remote_tpu._core.data_wire import send_frame
-from remote_tpu_agent._lane import CALL, CANCEL, GatewayLane, PeerLane
+from remote_tpu_agent.wire.peer_lane import CALL, CANCEL, GatewayLane, PeerLane
 
 from conftest import Agents, dropping, need_iptables, wait_until
 

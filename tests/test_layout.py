@@ -122,3 +122,35 @@ def test_no_import_circles():
 
 def test_the_circle_finder_finds_circles():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# The agent's wings, top down (``agent/__init__.py``): each imports only the
+# wings below it, and its own modules.
+WINGS = ["server", "gateway", "peer", "host", "jobs", "worker", "wire"]
+
+
+def _wing(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[0] == "remote_tpu_agent" else None
+
+
+def test_every_agent_module_lives_in_a_wing():
+    loose = sorted(name for name in MODULES if name.startswith("remote_tpu_agent.")
+                   and _wing(name) is None and name not in WINGS_PACKAGES
+                   and name != "remote_tpu_agent.__main__")
+    assert not loose, f"agent modules outside a wing ({', '.join(WINGS)}): {loose}"
+    unknown = sorted({_wing(n) for n in MODULES if _wing(n)} - set(WINGS))
+    assert not unknown, f"wings not on the plan (add them to WINGS in order): {unknown}"
+
+
+WINGS_PACKAGES = {f"remote_tpu_agent.{w}" for w in WINGS}
+
+
+def test_the_agents_wings_import_only_downwards():
+    rank = {w: i for i, w in enumerate(WINGS)}
+    wrong = sorted(f"{name} ({_wing(name)}) imports {target} ({_wing(target)})"
+                   for name, targets in GRAPH.items() if _wing(name)
+                   for target in targets if _wing(target)
+                   and rank[_wing(target)] < rank[_wing(name)])
+    assert not wrong, ("a wing imports one above it (the plan is "
+                       + " > ".join(WINGS) + "):\n" + "\n".join(wrong))

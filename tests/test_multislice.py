@@ -17,8 +17,8 @@ from remote_tpu._core.multislice import disagreement, from_tpu_env, parse_tpu_en
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.topology import Topology
 from remote_tpu._slices import num_slices_of, parse_slices
-from remote_tpu_agent._discovery import MetadataServer, discover
-from remote_tpu_agent._worker_env import worker_env
+from remote_tpu_agent.wire.discovery import MetadataServer, discover
+from remote_tpu_agent.worker.environment import worker_env
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -284,8 +284,8 @@ def test_a_dcn_probe_tells_a_reachable_host_from_an_unreachable_one(monkeypatch)
     import socket
 
     from conftest import free_port
-    from remote_tpu_agent import _slice_queries
-    from remote_tpu_agent._slice_queries import _probe
+    from remote_tpu_agent.server import slice_queries as _slice_queries
+    from remote_tpu_agent.server.slice_queries import _probe
 
     assert _probe(f"127.0.0.1:{free_port()}").error == ""     # refused: the host answered
     assert _probe("no-port").error == "not an address host:port"

@@ -109,7 +109,7 @@ def step(rows):
         # Of the SDK, only the frame that raises it again shows (IPython never
         # hides the last frame); none of the hosts' frames.
         assert out.count("remote_tpu/") == 1 and "in RemoteFunction.__call__" in out, out
-        assert "_worker.py" not in out and "agent/" not in out, out
+        assert "worker/child.py" not in out and "agent/" not in out, out
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

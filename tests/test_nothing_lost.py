@@ -156,7 +156,7 @@ def test_an_exception_that_cannot_be_rebuilt_smaller_still_names_its_type(lone):
 
 def test_a_job_end_of_many_hosts_fits_one_reply():
     from remote_tpu._core.limits import JOB_END_BYTES
-    from remote_tpu_agent._reports import bound_end
+    from remote_tpu_agent.gateway.reports import bound_end
 
     big = "z" * 64 * 1024
     hosts = [pb.HostReport(host=i, state=pb.HOST_STATE_FAILED, detail="d" * 10_000,
@@ -323,7 +323,7 @@ def test_a_full_disk_fails_the_job_clearly_and_the_agent_keeps_serving(tmp_path)
 
 
 def test_a_log_over_its_cap_keeps_head_and_tail_and_says_what_was_cut(tmp_path):
-    from remote_tpu_agent._hostlog import HostLog
+    from remote_tpu_agent.jobs.host_log import HostLog
 
     log = HostLog(str(tmp_path / "host-0.log"), max_bytes=64 * 1024, host=0)
     for i in range(1000):
@@ -391,7 +391,7 @@ def test_two_hundred_followers_never_starve_short_calls():
 
 
 def test_the_store_drops_the_oldest_finished_jobs_beyond_its_size(tmp_path):
-    from remote_tpu_agent._store import JobStore
+    from remote_tpu_agent.jobs.store import JobStore
 
     # room for three jobs of ~100 kB
     store = JobStore(str(tmp_path / "state"), keep=100, max_store_bytes=320_000)
@@ -446,7 +446,7 @@ def test_logs_without_follow_stop_at_the_end_as_it_is_now(lone):
 def test_output_waiting_for_its_reader_is_bounded_and_control_events_never_wait():
     import queue
 
-    from remote_tpu_agent._events import EventQueue
+    from remote_tpu_agent.jobs.events import EventQueue
 
     events = EventQueue(max_output_bytes=3 << 20)
     block = pb.Event(host=0, output=pb.Output(stream=1, data=b"o" * (1 << 20)))

@@ -7,7 +7,7 @@ import pytest
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._render import OutputRenderer
-from remote_tpu_agent._output import NoiseFilter, Tail
+from remote_tpu_agent.worker.output_filter import NoiseFilter, Tail
 
 # As seen from 2 processes x 4 CPU devices: one thread per device prints at once.
 INTERLEAVED = (

@@ -1,4 +1,4 @@
-"""A gateway's link to a peer (agent/_peer_link.py): the peers' parts of cold
+"""A gateway's link to a peer (agent/wire/peer_link.py): the peers' parts of cold
 calls on one plain TCP connection per peer, opened with a ticket of the peer's
 data port. Both ends on a real data port first; then real agents."""
 
@@ -21,10 +21,10 @@ from remote_tpu._core.channels import Credentials, stub
 from remote_tpu._core.data_wire import send_frame
 from remote_tpu._core.limits import INLINE_BYTES, MAX_MESSAGE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu_agent import _peer_link
-from remote_tpu_agent._data_port import DataPort
-from remote_tpu_agent._peer_link import CALL, GatewayLink
-from remote_tpu_agent._peer_link_serve import PeerLink, offer_link
+from remote_tpu_agent.wire import peer_link as _peer_link
+from remote_tpu_agent.wire.data_port import DataPort
+from remote_tpu_agent.wire.peer_link import CALL, GatewayLink
+from remote_tpu_agent.wire.peer_link_server import PeerLink, offer_link
 
 from conftest import Agents, dropping, need_iptables, wait_until
 
@@ -404,7 +404,7 @@ def test_a_peer_without_a_data_port_takes_its_calls_on_gRPC():
 
 @pytest.mark.slow
 def test_a_peer_whose_lanes_are_full_takes_its_calls_on_gRPC():
-    from remote_tpu_agent._data_port import MAX_LANES
+    from remote_tpu_agent.wire.data_port import MAX_LANES
     agents = Agents(2)
     held = []
     try:

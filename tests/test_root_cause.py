@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu_agent._root_cause import root_cause
+from remote_tpu_agent.gateway.root_cause import root_cause
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import Agents, on_agents
 from remote_tpu import _client
-from remote_tpu_agent._job_views import VALUE_IN_END_BYTES
+from remote_tpu_agent.jobs.views import VALUE_IN_END_BYTES
 from remote_tpu._core import digests
 from remote_tpu._core.channels import Credentials, stub
 from remote_tpu._core.limits import INLINE_BYTES

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from remote_tpu_agent._call import Call
-from remote_tpu_agent._runner import WorkerRun
+from remote_tpu_agent.worker.call import Call
+from remote_tpu_agent.worker.run import WorkerRun
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu_agent._scheduler import Scheduler
-from remote_tpu_agent._store import JobStore
+from remote_tpu_agent.gateway.scheduler import Scheduler
+from remote_tpu_agent.jobs.store import JobStore
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -363,9 +363,9 @@ def test_refused_calls_name_their_peer_and_repeats_are_counted_not_logged(tmp_pa
 
 def test_refusals_are_said_once_per_interval_per_peer_and_forgotten_when_quiet(caplog):
     from conftest import wait_until
-    from remote_tpu_agent._guard import Refusals
+    from remote_tpu_agent.server.guard import Refusals
 
-    caplog.set_level("WARNING", logger="remote_tpu_agent._guard")
+    caplog.set_level("WARNING", logger="remote_tpu_agent.server.guard")
     refusals = Refusals(interval=0.5)
     try:
         for i in range(2000):
@@ -394,9 +394,9 @@ def test_refusals_are_said_once_per_interval_per_peer_and_forgotten_when_quiet(c
 
 
 def test_refusals_from_very_many_peers_are_counted_together_beyond_a_bound(caplog):
-    from remote_tpu_agent import _guard
+    from remote_tpu_agent.server import guard as _guard
 
-    caplog.set_level("WARNING", logger="remote_tpu_agent._guard")
+    caplog.set_level("WARNING", logger="remote_tpu_agent.server.guard")
     refusals = _guard.Refusals(interval=60)
     for i in range(_guard._MAX_PEERS + 500):
         refusals.note(f"ipv4:10.0.{i >> 8}.{i & 255}:1", "/m", "no slice token")

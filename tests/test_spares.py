@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from conftest import Agents, alive, on_agents, wait_until
-from remote_tpu_agent._spares import fits
+from remote_tpu_agent.worker.spares import fits
 
 pytestmark = pytest.mark.timeout(180)
 

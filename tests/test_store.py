@@ -12,8 +12,8 @@ import pytest
 from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.limits import DETAIL_CHARS
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu_agent._hostlog import HostLog
-from remote_tpu_agent._store import JobStore
+from remote_tpu_agent.jobs.host_log import HostLog
+from remote_tpu_agent.jobs.store import JobStore
 
 from conftest import mode, umask
 
@@ -589,7 +589,7 @@ def test_a_value_that_lands_while_its_job_is_measured_is_counted(state, monkeypa
     stand for the new one."""
     import threading
 
-    from remote_tpu_agent import _store
+    from remote_tpu_agent.jobs import store as _store
 
     store = JobStore(state, max_store_bytes=5 << 20)
     try:

@@ -11,7 +11,7 @@ import pytest
 
 import remote_tpu
 from conftest import Agents, hold_open
-from remote_tpu_agent._tpu import NoTpu, TpuGuard
+from remote_tpu_agent.host.tpu import NoTpu, TpuGuard
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,7 +21,7 @@ from metadata_server import (MetadataSlice, MetadataStandIn, TpuApiStandIn, tpu_
                              tpu_vm)
 from remote_tpu._core.auth import TOKEN_ENV, new_token
 from remote_tpu._core.exceptions import ConfigurationError
-from remote_tpu_agent._discovery import MetadataServer, discover
+from remote_tpu_agent.wire.discovery import MetadataServer, discover
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -81,7 +81,7 @@ def test_a_local_modules_frame_and_the_scripts_show_their_lines(slice_, tmp_path
     assert 'raise KeyError(f"no such column {row}")' in err, err
     # Of the SDK: only the entry point the script called; nothing of the hosts'.
     assert err.count("remote_tpu/") == 1 and "in __call__" in err, err
-    assert "_worker.py" not in err and "_profile.py" not in err, err
+    assert "worker/child.py" not in err and "worker/profile.py" not in err, err
 
 
 def test_a_working_dir_file_is_named_by_its_path_in_the_project(slice_, tmp_path):
@@ -94,7 +94,7 @@ def test_a_working_dir_file_is_named_by_its_path_in_the_project(slice_, tmp_path
 def test_one_switch_shows_the_sdks_frames(slice_, tmp_path):
     _project(tmp_path)
     err = _run(slice_, tmp_path, REMOTE_TPU_SHOW_SDK_FRAMES="1")
-    assert "_worker.py" in err and "_decorator.py" in err and "_client.py" in err, err
+    assert "worker/child.py" in err and "_decorator.py" in err and "_client.py" in err, err
     assert 'raise KeyError(f"no such column {row}")' in err, err
 
 

@@ -93,7 +93,7 @@ def test_a_worker_and_an_agent_start_without_importing_importlib_metadata():
     """What a spare imports before its call, and the agent's whole start."""
     code = ("import sys\n"
             "from remote_tpu._core import serialization, versions\n"
-            "import remote_tpu_agent._cli, remote_tpu_agent._worker\n"
+            "import remote_tpu_agent.server.cli, remote_tpu_agent.worker.child\n"
             "versions.local_versions()\n"
             "print(sorted(m for m in ('importlib.metadata', 'email') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

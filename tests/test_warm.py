@@ -37,7 +37,7 @@ def _workers(agents: Agents) -> list[psutil.Process]:
         for child in children:
             try:
                 if child.status() != psutil.STATUS_ZOMBIE and \
-                        "remote_tpu_agent._worker" in " ".join(child.cmdline()) and \
+                        "remote_tpu_agent.worker.child" in " ".join(child.cmdline()) and \
                         not is_idle_spare(child):
                     found.append(child)
             except psutil.NoSuchProcess:

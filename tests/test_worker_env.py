@@ -10,8 +10,8 @@ import pytest
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.topology import Topology
-from remote_tpu_agent import _worker
-from remote_tpu_agent._worker_env import (TPU_PROCESS_BASE_PORT, child_environment,
+from remote_tpu_agent.worker import child as _worker
+from remote_tpu_agent.worker.environment import (TPU_PROCESS_BASE_PORT, child_environment,
                                           num_processes, processes_per_host,
                                           slice_host_addresses, slice_host_bounds,
                                           tpu_process_env, worker_env)

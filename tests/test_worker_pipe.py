@@ -1,4 +1,4 @@
-"""The agent <-> worker pipe frames (``agent/_worker_pipe.py``) at their edges:
+"""The agent <-> worker pipe frames (``agent/worker/frames.py``) at their edges:
 a blob of 0 and 1 bytes, exactly the size sent in one write with its header,
 one byte past it, far past the pipe's buffer, a 2 MB header; a pipe that ends
 mid-frame."""
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from remote_tpu_agent import _worker_pipe as wire
+from remote_tpu_agent.worker import frames as wire
 
 JOINED = wire._JOINED_BYTES
 

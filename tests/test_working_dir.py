@@ -12,7 +12,7 @@ from remote_tpu import _blobs, _workdir
 from remote_tpu._core import digests
 from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu_agent import _workdirs
+from remote_tpu_agent.host import working_dirs as _workdirs
 
 from conftest import Agents
 

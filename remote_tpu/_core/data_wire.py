@@ -214,7 +214,7 @@ def recv_exact(sock: socket.socket, n: int, within: float | None = None) -> byte
     return bytes(buf)
 
 
-# A caller's lane (agent/_call_lane.py, remote_tpu/_call_lane.py): its frames' kinds.
+# A caller's lane (agent/wire/caller_lane.py, remote_tpu/_call_lane.py): its frames' kinds.
 CALL_LANE_CALL = 1     # caller -> gateway: a RunRequest, its spec with the payload inside
 CALL_LANE_CANCEL = 2   # caller -> gateway: cancel the running call
 CALL_LANE_EVENT = 3    # gateway -> caller: an Event of the call

@@ -252,7 +252,7 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def OpenLink(self, request, context):
-        """A gateway's link to this agent (agent/_peer_link.py): one plain TCP
+        """A gateway's link to this agent (agent/wire/peer_link.py): one plain TCP
         connection to the data port that carries the gateway's peer calls (what
         Run would), opened with the ticket (port 0: none here, use Run).
         """

@@ -1,0 +1,400 @@
+"""The gateway's proxy for one process on a peer host: a ``Run`` call to that
+host's agent (the peer role, ``peer.role``), or the same on the gateway's link to
+it (``wire.peer_link``), relayed as if it were a local worker. In a warm session
+the call stays open between calls and carries each next one (``next_call``),
+or the session's lane does once the peer has offered one (``_lane``); ``stop``
+ends it, and so the peer's worker."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from remote_tpu._core import data_wire
+from remote_tpu._core.exceptions import AuthenticationError, VersionMismatchError
+from remote_tpu._core.channels import (Credentials, error_from_rpc, forget_if_unavailable,
+                                       health, stub)
+from remote_tpu._core.limits import CHUNK_SIZE, INLINE_BYTES
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu._core.versions import differences
+
+from remote_tpu_agent.wire import peer_link as _peer_link
+from remote_tpu_agent.wire.peer_lane import CALL, CANCEL, SILENCE_SECONDS, GatewayLane
+
+log = logging.getLogger(__name__)
+
+_DIRECT_BYTES = 64 << 10
+
+
+class RemoteHost:
+    """Forwards the job to one peer agent and relays its events.
+
+    Same interface as :class:`~remote_tpu_agent.worker.run.WorkerRun`: ``start``,
+    ``next_call``, ``release``, ``cancel``, ``close``, ``stop``, ``parked``;
+    ``finished`` is set once the call's ``exited`` event has been emitted.
+    """
+
+    def __init__(self, *, host: int, address: str, spec: pb.JobSpec, payload: bytes | str,
+                 emit: Callable[[pb.Event], None], credentials: Credentials) -> None:
+        self.host = host
+        self.address = address
+        self._spec = spec
+        self._payload = payload            # inline, or the path of its file
+        self._emit = emit
+        # Next to send: a request, or a payload file's path to send in chunks (None: no more).
+        self._controls: queue.Queue[pb.RunRequest | str | None] = queue.Queue()
+        self._closed = threading.Event()
+        self._call: grpc.Future | _peer_link.LinkCall | None = None
+        self._credentials = credentials
+        self._lock = threading.Lock()
+        self._exited_sent = False
+        self.parked = False               # warm, between calls, its call still open
+        self.finished = threading.Event()
+        self._lane: GatewayLane | None = None     # the session's calls, once opened
+        self._on_lane = False                     # a call sent on it has not ended
+        self._silent = False                      # its link did not answer the preflight
+
+    def preflight(self, on_link: bool = True) -> tuple[str, bool]:
+        """Check, before anything runs anywhere, that the peer answers, accepts
+        our credentials and speaks our protocol. Returns what is wrong (or "")
+        and whether it is permanent (refused: asking again cannot help, unlike
+        a peer that does not answer, as while its VM is preempted). Asked on the
+        open link to the peer (``ask``), else, or where that broke, on gRPC (for
+        2 s only where the link was silent); a call that will go on a link then opens one."""
+        if on_link and (wait := self.ask()) is not None and (verdict := wait()):
+            return verdict
+        try:
+            reply = health(self.address, self._credentials, attempts=1 if self._silent else 2,
+                           timeout=2 if self._silent else 5)
+        except (AuthenticationError, VersionMismatchError) as exc:
+            return f"agent at {self.address} cannot take the job: {exc}", True
+        except Exception as exc:  # noqa: BLE001 - every failure is reported
+            return f"agent at {self.address} cannot take the job: {exc}", False
+        verdict = self._verdict(reply)
+        if not verdict[0] and self._linkable():
+            _peer_link.link_to(self.address, self._credentials)     # (for ``start``)
+        return verdict
+
+    def ask(self) -> Callable[[], tuple[str, bool] | None] | None:
+        """``preflight`` begun on the open link to the peer (None: there is
+        none); a function that waits for the verdict (5 s from now at most),
+        None if none came (ask with ``preflight(False)``). A link silent that
+        long is closed, not trusted with the call: the peer is stuck, or the
+        network drops only its data port."""
+        link = _peer_link.existing(self.address)
+        wait = link.ask_health() if link is not None else None
+        if link is None or wait is None:
+            return None
+        deadline = time.monotonic() + self._credentials.answer_within(5)
+
+        def verdict() -> tuple[str, bool] | None:
+            try:
+                reply = wait(max(0.0, deadline - time.monotonic()))
+            except TimeoutError as exc:
+                link.close()
+                self._silent = True
+                log.info("peer %d at %s: %s; asking on gRPC", self.host, self.address, exc)
+                return None
+            return None if reply is None else self._verdict(reply)
+        return verdict
+
+    def _verdict(self, reply: pb.HealthReply) -> tuple[str, bool]:
+        problems = differences(reply.versions, there=f"on the agent at {self.address}",
+                               here="on the gateway")
+        if problems:
+            return (f"agent at {self.address} cannot work with the gateway: "
+                    + "; ".join(problems)), True
+        if reply.tpu_busy:
+            return f"cannot start on {self.address}: {reply.tpu_busy}", False
+        return "", False
+
+    def start(self) -> None:
+        # A small call on an open link starts here (a larger one may wait for room).
+        if self._linkable() and len(self._payload) <= _DIRECT_BYTES and \
+                (link := _peer_link.existing(self.address)) is not None and self._start_on(link):
+            return
+        threading.Thread(target=self._relay, daemon=True, name=f"peer{self.host}").start()
+
+    def _linkable(self) -> bool:
+        """Whether the call may go on a link: a cold call with its payload inline."""
+        return self._spec.keep_warm_seconds == 0 and isinstance(self._payload, bytes) \
+            and len(self._payload) <= INLINE_BYTES
+
+    def _start_on(self, link: _peer_link.GatewayLink) -> bool:
+        """Start the call on ``link``; False when it cannot take it (the call
+        then goes on gRPC, or ends, as ``_relay`` decides)."""
+        with self._lock:
+            if self._closed.is_set():
+                return False
+            first = next(_call_requests(self._spec, self._payload, "spec"))
+            call = link.call(first, self._on_event, self._ended)
+            if call is None:
+                return False
+            self._call = call
+            while True:                  # what was asked before it started
+                try:
+                    item = self._controls.get_nowait()
+                except queue.Empty:
+                    break
+                if isinstance(item, pb.RunRequest):
+                    call.send(item)
+        return True
+
+    def stacks(self) -> str:
+        try:
+            reply = stub(self.address, self._credentials).Stacks(
+                pb.JobRef(job_id=self._spec.job_id), timeout=5,
+                metadata=self._credentials.metadata)
+        except grpc.RpcError as exc:
+            return f"(the agent at {self.address} did not answer: {exc.details()})"
+        return "\n".join(h.text for h in reply.hosts if h.host == self.host) or "(no stacks)"
+
+    def release(self) -> None:
+        if not self.parked:
+            self._control(pb.RunRequest(control=pb.CONTROL_RELEASE))
+
+    def cancel(self) -> None:
+        lane = self._lane
+        if lane is not None:          # the quicker way; gRPC too, should the lane be dead
+            lane.send(CANCEL)
+        self._control(pb.RunRequest(control=pb.CONTROL_CANCEL))
+
+    def _control(self, request: pb.RunRequest) -> None:
+        """Send a control on the call: on its link, or queued for gRPC."""
+        with self._lock:
+            call = self._call
+            if not isinstance(call, _peer_link.LinkCall):
+                self._controls.put(request)
+                return
+        call.send(request)
+
+    def next_call(self, spec: pb.JobSpec, payload: bytes | str,
+                  emit: Callable[[pb.Event], None]) -> bool:
+        """Send a warm session's next call on the open call; False if it is gone."""
+        with self._lock:
+            if not self.parked or self._closed.is_set():
+                return False
+            self.parked = False
+            self._exited_sent = False
+            self.finished.clear()
+            self._emit = emit           # (the call keeps its first job's id: the peer
+                                        # knows its worker by it, for stacks)
+            lane = self._lane
+        if lane is not None and isinstance(payload, bytes) and len(payload) <= INLINE_BYTES:
+            inline = pb.JobSpec()
+            inline.CopyFrom(spec)
+            inline.payload = payload
+            with self._lock:
+                self._on_lane = True
+            if lane.send(CALL, inline.SerializeToString()):
+                return True
+            with self._lock:
+                self._on_lane = False
+        for request in _call_requests(spec, payload, "next_call"):
+            self._controls.put(request)
+        return True
+
+    def abandon(self, detail: str) -> None:
+        """The peer did not confirm in time: drop the call, report it lost."""
+        self._send_exited(pb.HostReport(host=self.host, state=pb.HOST_STATE_LOST,
+                                        detail=detail, finished_at=time.time()))
+        self.close()
+
+    def close(self) -> None:
+        """The call is over: its RPC ends, unless it is parked (warm)."""
+        if not self.parked:
+            self.stop()
+
+    def stop(self) -> None:
+        """End the RPC (and with it, on the peer, the worker), parked or not."""
+        self._close_requests()
+        with self._lock:
+            call, lane = self._call, self._lane
+        if lane is not None:
+            lane.close()
+        if call is not None:
+            call.cancel()
+
+    def _open_lane(self, ticket: pb.DataTicket) -> None:
+        """Open the lane the peer offered (in the background: its worker has
+        just parked, and the session's next call will use it if it is up)."""
+        def connect() -> None:
+            mine: list[GatewayLane] = []      # (an earlier lane's end is no news)
+            lane = GatewayLane.connect(self.address, ticket, self._relay_event,
+                                       lambda why: self._lane_ended(why, mine),
+                                       name=f"lane{self.host}",
+                                       silence=self._credentials.keepalive or SILENCE_SECONDS)
+            if lane is not None:
+                mine.append(lane)
+                with self._lock:          # (one that ended already said so to nobody)
+                    if not self._closed.is_set() and not lane.closed:
+                        self._lane, lane = lane, None
+            if lane is not None:          # the session ended meanwhile
+                lane.close()
+        threading.Thread(target=connect, daemon=True, name=f"lane{self.host}-open").start()
+
+    def _lane_ended(self, why: str, mine: list[GatewayLane]) -> None:
+        """The lane is gone: between calls, only the lane (the next call goes on
+        gRPC, and the peer offers another); while a call sent on it runs, the
+        peer is lost (whether the call got there cannot be known): the session ends."""
+        with self._lock:
+            if not mine or self._lane is not mine[0]:
+                return
+            self._lane = None
+            lost = self._on_lane and bool(why)
+        if not why:
+            return
+        if not lost:
+            log.info("peer %d at %s: %s; its calls go on gRPC", self.host, self.address, why)
+            return
+        if not self._closed.is_set():
+            log.warning("peer %d at %s: %s", self.host, self.address, why)
+        self._send_exited(pb.HostReport(host=self.host, state=pb.HOST_STATE_LOST,
+                                        finished_at=time.time(),
+                                        detail=f"agent at {self.address}: {why} during the call"))
+        self.stop()
+
+    def _relay_event(self, event: pb.Event) -> None:
+        if event.HasField("exited"):
+            self._send_exited(event.exited)
+        else:
+            with self._lock:
+                emit = self._emit
+            emit(event)
+
+    def _close_requests(self) -> None:
+        self._closed.set()
+        self._controls.put(None)         # wakes ``_requests``, which then ends
+
+    def _requests(self) -> Iterator[pb.RunRequest]:
+        for item in _call_requests(self._spec, self._payload, "spec"):
+            yield from _sent(item)
+        # (Waits without a timeout: a waking poll cost 5 wakeups a second per
+        # peer at the gateway for as long as a job ran.)
+        while (item := self._controls.get()) is not None and not self._closed.is_set():
+            yield from _sent(item)
+
+    def _relay(self) -> None:
+        if self._linkable() and (link := _peer_link.link_to(self.address, self._credentials)) \
+                is not None and self._start_on(link):
+            return
+        try:
+            with self._lock:          # close() cancels the call once it exists
+                started = not self._closed.is_set()
+                if started:
+                    self._call = stub(self.address, self._credentials).Run(
+                        self._requests(), metadata=self._credentials.metadata)
+            if not started:
+                self._send_exited(pb.HostReport(
+                    host=self.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
+                    detail="the job ended before this host was started"))
+            else:
+                for event in self._call:
+                    self._on_event(event)
+        except grpc.RpcError as exc:
+            self._ended(exc)
+            return
+        except BaseException:
+            self._ended(None)
+            raise
+        self._ended(None)
+
+    def _on_event(self, event: pb.Event) -> None:
+        if event.HasField("lane"):
+            if data_wire.worth_trying(self.address, self._credentials):
+                self._open_lane(event.lane)        # (the lane has no TLS)
+        else:
+            self._relay_event(event)
+
+    def _ended(self, exc: grpc.RpcError | None) -> None:
+        """The call is over: how (``exc``, if it failed) is this host's report,
+        unless the peer sent its own."""
+        if exc is not None:
+            forget_if_unavailable(exc, self.address, self._credentials)
+            if not self._closed.is_set():
+                log.warning("peer %d at %s: %s", self.host, self.address, exc.details())
+            detail = f"agent at {self.address} failed: {exc.code().name}: {exc.details()}"
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                detail = f"agent at {self.address}: {error_from_rpc(exc, self.address)}"
+            self._send_exited(pb.HostReport(host=self.host, state=pb.HOST_STATE_LOST,
+                                            finished_at=time.time(), detail=detail))
+        self._close_requests()
+        with self._lock:
+            self.parked = False          # its peer's worker is gone with the call
+            lane = self._lane
+        if lane is not None:         # the peer's last events may still be on the lane
+            lane.reader.join(timeout=2)
+            lane.close()
+        self._send_exited(pb.HostReport(
+            host=self.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
+            detail=f"agent at {self.address} ended the call without a final report"))
+
+    def _send_exited(self, report: pb.HostReport) -> None:
+        with self._lock:
+            if self._exited_sent:
+                return
+            self._exited_sent = True
+            self._on_lane = False
+            self.parked = report.warm and not self._closed.is_set()
+            emit = self._emit
+        emit(pb.Event(host=self.host, exited=report))
+        self.finished.set()
+
+
+def _call_requests(spec: pb.JobSpec, payload: bytes | str, field: str
+                   ) -> Iterator[pb.RunRequest | str]:
+    """A call's messages: its spec (as ``field``) carrying the payload when it
+    is inline, or the spec and then the payload's file (sent in chunks)."""
+    if isinstance(payload, bytes) and len(payload) <= INLINE_BYTES:
+        inline = pb.JobSpec()
+        inline.CopyFrom(spec)
+        inline.payload = payload
+        yield pb.RunRequest(**{field: inline})
+        return
+    yield pb.RunRequest(**{field: spec})
+    if isinstance(payload, bytes):
+        for chunk in _chunks(payload):
+            yield pb.RunRequest(payload_chunk=chunk)
+    else:
+        yield payload
+
+
+def _sent(item: pb.RunRequest | str) -> Iterator[pb.RunRequest]:
+    """A request as it is, or a payload's file streamed in chunks as it is sent."""
+    if isinstance(item, pb.RunRequest):
+        yield item
+        return
+    for chunk in _chunks(item):
+        yield pb.RunRequest(payload_chunk=chunk)
+
+
+def _chunks(payload: bytes | str) -> Iterator[bytes]:
+    """The payload in message-sized chunks: inline, or read from its file."""
+    if isinstance(payload, bytes):
+        for start in range(0, len(payload), CHUNK_SIZE):
+            yield payload[start:start + CHUNK_SIZE]
+        return
+    with open(payload, "rb") as f:
+        while chunk := f.read(CHUNK_SIZE):
+            yield chunk
+
+
+def preflight_all(remotes: list[RemoteHost]) -> list[tuple[str, bool]]:
+    """Every peer's ``preflight``, at once: on the open links, every check is
+    sent and then their answers awaited, on this thread; the other peers (and
+    any that did not answer) are asked each on a thread of a pool."""
+    asked = [remote.ask() for remote in remotes]
+    verdicts = [wait() if wait is not None else None for wait in asked]
+    rest = [i for i, verdict in enumerate(verdicts) if verdict is None]
+    if rest:
+        with concurrent.futures.ThreadPoolExecutor(len(rest)) as pool:
+            for i, verdict in zip(rest, pool.map(
+                    lambda i: remotes[i].preflight(on_link=asked[i] is None), rest)):
+                verdicts[i] = verdict
+    return verdicts

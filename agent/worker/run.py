@@ -1,0 +1,369 @@
+"""Runs one worker subprocess on this host and reports on it.
+
+A :class:`WorkerRun` spawns the worker in its own process group, hands it its
+call (``worker.call``: over the control pipe), forwards its stdout/stderr (read at the
+file-descriptor level, so output from C and XLA is caught too), reads its
+outcome (from the status pipe), and emits ``Event`` messages: ``started``,
+``output``, ``done`` (the function finished) and finally ``exited`` (the process
+is gone), whose report is the host's final state.
+
+A warm run (``keep_warm``) outlives its call: once its function has returned it
+parks (its ``exited`` event says ``warm``), and ``next_call`` hands the same
+process the next call, with that call's events.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+from remote_tpu._core.limits import CHUNK_SIZE
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+from remote_tpu_agent.worker import child as _worker
+from remote_tpu_agent.worker import frames as wire
+from remote_tpu_agent.worker.call import Call, apply_outcome, unreadable
+from remote_tpu_agent.worker.output_filter import NoiseFilter, Tail
+from remote_tpu_agent.worker.output_pipe import Pump
+from remote_tpu_agent.worker.processes import signal_name, stop_group
+from remote_tpu_agent.worker.spares import Spares, spawn
+from remote_tpu_agent.worker.stacks import dump_stacks
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[pb.Event], None]
+# Once the worker's process group is gone its pipes end at once, unless a
+# process that left the group (setsid) holds them.
+_ESCAPED_HOLDER_WAIT = 2.0      # below the gateway's _SETTLE_SECONDS
+# What a parked warm worker prints between calls (a thread of the user's) is
+# kept for the next call, up to this much; beyond it is counted and said.
+_PARKED_OUTPUT_BYTES = 1 << 20
+
+
+def _ignore(event: pb.Event) -> None:
+    """Where a parked warm worker's events go: its call is over."""
+
+
+class WorkerRun:
+    """One host's worker for one job (or, warm, for a session's calls)."""
+
+    def __init__(self, *, host: int, call: Call, emit: Emit, forward_output: bool,
+                 cancel_grace: float = 1.0, warm: bool = False,
+                 spares: Spares | None = None) -> None:
+        self.host = host
+        self._spares = spares
+        self._adopted = False             # its process was a spare (``_spares``)
+        self.call = call
+        self.warm = warm
+        self.calls = 1                    # calls this process has been given
+        self.parked = False               # warm, between calls
+        self._parked_output: list[tuple[int, bytes]] = []
+        self._parked_dropped = 0
+        self._stacks_path = os.path.join(call.job_dir, _worker.STACKS_FILE)
+        self._env = dict(call.env)
+        self._emit = emit
+        self._forward_output = forward_output
+        self._cancel_grace = cancel_grace
+        self._tail = Tail()
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._pumps: list[Pump] = []
+        self._noise: dict[int, tuple[NoiseFilter, threading.Lock]] = {}
+        self._stacks_ready = threading.Event()   # the worker can dump its stacks
+        self._status_thread: threading.Thread | None = None
+        self.proc: subprocess.Popen | None = None
+        self._control_w: int | None = None
+        # Writing to the control pipe and closing it exclude each other: a
+        # close racing a write (or a second close) would hit whatever pipe
+        # took the descriptor's number next, another worker's.
+        self._control_lock = threading.Lock()
+        self.report = pb.HostReport(host=host, state=pb.HOST_STATE_PENDING)
+        self.result_digest = b""          # process 0's value, once pickled
+        self.result: bytes | None = None  # ... inline
+        self.result_file = ""             # ... or in this file
+        self.finished = threading.Event()   # set once the `exited` event is out
+        # Called when a parked (warm) worker's process ends between calls.
+        self.on_parked_exit: Callable[[], None] | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the worker (or adopt this agent's spare) and hand it its call."""
+        spare = self._spares.take(self._env) if self._spares is not None else None
+        self._adopted = spare is not None
+        if spare is not None:        # already up, jax imported: the call only adds
+            self.proc, self._control_w = spare.proc, spare.control_w
+            self._status_r, out_r, err_r = spare.status_r, spare.out_r, spare.err_r
+            self._stacks_path = spare.stacks_path
+            env_changes = {k: v for k, v in self._env.items() if spare.env.get(k) != v}
+        else:
+            own = self._spares.worker_dir() if self._spares is not None else self.call.job_dir
+            self._stacks_path = os.path.join(own, _worker.STACKS_FILE)
+            self.proc, self._control_w, self._status_r, out_r, err_r = spawn(self._env, own)
+            env_changes = {}
+        self.report.state = pb.HOST_STATE_RUNNING
+        self._emit(pb.Event(host=self.host, started=pb.Started(pid=self.proc.pid)))
+        for stream, fd in ((pb.OUTPUT_STREAM_STDOUT, out_r), (pb.OUTPUT_STREAM_STDERR, err_r)):
+            pump = Pump(fd, self._output_sink(stream), name=f"worker{self.host}-out")
+            self._pumps.append(pump)
+            pump.start()
+        self._status_thread = threading.Thread(target=self._read_status, daemon=True,
+                                               name=f"worker{self.host}-status")
+        self._status_thread.start()
+        threading.Thread(target=self._wait_exit, daemon=True,
+                         name=f"worker{self.host}-wait").start()
+        # A payload of up to INLINE_BYTES fills the pipe until the worker is up
+        # to read it: the caller does not wait for that.
+        threading.Thread(target=self._send, args=(self.call, env_changes), daemon=True,
+                         name=f"worker{self.host}-call").start()
+
+    def release(self) -> None:
+        """Every host has finished: let the worker exit. (A warm worker parked
+        itself as soon as its function returned: no process exits, so none
+        can leave a peer in a collective.)"""
+        if self.parked:
+            return
+        self._write_control(lambda fd: wire.write_frame(fd, wire.RELEASE))
+
+    def _send(self, call: Call, env_changes: dict[str, str]) -> bool:
+        return self._write_control(lambda fd: call.send(fd, env_changes, self.warm))
+
+    def _write_control(self, write: Callable[[int], None]) -> bool:
+        """Write to the worker's control pipe, unless it is closed. (A write
+        blocked on a full pipe ends once ``stop`` has killed the reader.)"""
+        with self._control_lock:
+            if self._control_w is None:
+                return False
+            try:
+                write(self._control_w)
+                return True
+            except OSError:
+                return False
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None and not self._cancelled
+
+    def parked_output(self) -> list[tuple[int, bytes]]:
+        """What a parked worker printed since its last call, taken: for a
+        session that ends."""
+        self._drain_outputs()
+        self._flush_noise()
+        with self._lock:
+            return self._take_parked()
+
+    def _take_parked(self) -> list[tuple[int, bytes]]:
+        """(With ``_lock`` held.) The output kept while parked, with a note of
+        what was dropped past the first MiB."""
+        held, self._parked_output = self._parked_output, []
+        dropped, self._parked_dropped = self._parked_dropped, 0
+        if dropped:
+            held.append((pb.OUTPUT_STREAM_STDERR, (
+                f"\n[remote_tpu: {dropped:,} bytes the warm worker printed between calls "
+                "were dropped; the first MiB is above]\n").encode()))
+        return held
+
+    def next_call(self, call: Call, emit: Emit) -> bool:
+        """Hand a parked warm worker its next call; False if it is gone."""
+        changed = {k: v for k, v in call.env.items() if self._env.get(k) != v}
+        with self._lock:
+            if not (self.parked and self.alive):
+                return False
+            self.parked = False
+            self.calls += 1
+            self.call = call
+            self._emit = emit
+            self._tail = Tail()
+            self.report = pb.HostReport(host=self.host, state=pb.HOST_STATE_RUNNING)
+            self.result_digest, self.result = b"", None
+            self.finished.clear()
+            held = self._take_parked()
+        self._env.update(changed)
+        # (No ``started`` event: the session's first call said it, same pid.)
+        for stream, data in held:
+            self._emit_output(stream, data)
+        return self._send(call, changed)
+
+    def stacks(self, wait: float = 1.0) -> str:
+        """Every thread's Python stack in the worker, as it is now."""
+        if self.proc is None or self.proc.poll() is not None:
+            return "(the worker is not running)"
+        if not self._stacks_ready.is_set():
+            # Before the worker has set up its handler, the signal would kill it.
+            return ("(the worker is still starting: it can report its stacks once Python "
+                    "is up, in a moment)")
+        return dump_stacks(self.proc.pid, self._stacks_path, wait)
+
+    def cancel(self) -> None:
+        """Stop the worker's whole process group (SIGTERM, then SIGKILL)."""
+        with self._lock:
+            self._cancelled = True
+        if self.proc is not None:
+            stop_group(self.proc, self._cancel_grace)
+
+    def close(self) -> None:
+        """Called when the call is over: nothing of it may survive, but a
+        parked warm worker (see ``stop``)."""
+        if self.parked and self.alive:
+            return
+        self.stop()
+
+    def stop(self) -> None:
+        """End the worker, warm or not."""
+        with self._lock:
+            self.parked = False
+        if self.proc is not None and self.proc.poll() is None:
+            self.cancel()
+        with self._control_lock:        # closed once, by one caller (see __init__)
+            fd, self._control_w = self._control_w, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # ------------------------------------------------------------ threads
+
+    def _output_sink(self, stream: int):
+        """What one output pipe's bytes go through: the tail, the noise filter,
+        then the job's events (flushed when the pipe ends, and when a call ends)."""
+        noise, lock = NoiseFilter(), threading.Lock()
+        self._noise[stream] = (noise, lock)
+
+        def deliver(data: bytes) -> None:
+            if data:
+                with self._lock:        # both pipes feed one tail
+                    self._tail.feed(data)
+            with lock:
+                self._emit_output(stream, noise.feed(data) if data else noise.flush())
+        return deliver
+
+    def _flush_noise(self) -> None:
+        """A call is over: what the noise filter held back (a line's start that
+        could still have become a Gloo message) belongs to it."""
+        for stream, (noise, lock) in self._noise.items():
+            with lock:
+                self._emit_output(stream, noise.flush())
+
+    def _emit_output(self, stream: int, shown: bytes) -> None:
+        # Once we stop a host, what it prints while dying (JAX's "SIGTERM
+        # caught", say) is our doing: kept in the tail only.
+        if not shown or not self._forward_output or self._cancelled:
+            return
+        with self._lock:
+            if self.parked:
+                if sum(len(d) for _, d in self._parked_output) + len(shown) \
+                        <= _PARKED_OUTPUT_BYTES:
+                    self._parked_output.append((stream, shown))
+                else:
+                    self._parked_dropped += len(shown)
+                return
+        for start in range(0, len(shown), CHUNK_SIZE):
+            self._emit(pb.Event(host=self.host, output=pb.Output(
+                stream=stream, data=shown[start:start + CHUNK_SIZE])))
+
+    def _drain_outputs(self) -> None:
+        """Everything the worker wrote so far has been delivered."""
+        for pump in self._pumps:
+            pump.drain()
+
+    def _await_eof(self) -> None:
+        """After the process group is gone, its pipes end; a process that left
+        the group (setsid) may still hold them: stop reading them after a
+        while (less than the gateway's settle time), and say so."""
+        deadline = time.monotonic() + _ESCAPED_HOLDER_WAIT
+        held = [pump for pump in self._pumps
+                if not pump.eof.wait(max(0.0, deadline - time.monotonic()))]
+        for pump in held:
+            pump.stop()
+        if held:
+            self._emit(pb.Event(host=self.host, output=pb.Output(
+                stream=pb.OUTPUT_STREAM_STDERR,
+                data=b"\n[remote_tpu: a process that left the worker's process group "
+                     b"still holds its output open; nothing it writes from here on is "
+                     b"collected]\n")))
+
+    def _read_status(self) -> None:
+        try:
+            while (frame := wire.read_frame(self._status_r)) is not None:
+                kind, header, blob = frame
+                if kind == wire.READY:
+                    self._stacks_ready.set()
+                elif kind == wire.DONE:
+                    self._drain_outputs()
+                    self._flush_noise()
+                    self._on_done(header, blob)
+        finally:
+            os.close(self._status_r)
+
+    def _on_done(self, outcome: dict, result: bytes) -> None:
+        with self._lock:
+            try:
+                apply_outcome(self.report, outcome)
+            except Exception as exc:  # noqa: BLE001 - a host that finished must say so
+                log.exception("host %d: unreadable outcome", self.host)
+                apply_outcome(self.report, unreadable(exc))
+            if self.report.state == pb.HOST_STATE_SUCCEEDED:
+                self.result_digest = bytes.fromhex(outcome.get("result_digest", ""))
+                self.result = result if not outcome.get("result_file") else None
+                self.result_file = outcome.get("result_file", "")
+            # A warm worker whose function returned stays, for the next call:
+            # parked before anyone hears it is done (so no release reaches it).
+            park = self.warm and self.report.state == pb.HOST_STATE_SUCCEEDED and self.alive
+            report = pb.HostReport()
+            report.CopyFrom(self.report)
+            report.warm = park          # its `exited` (warm) follows at once: see _peer
+            self.parked = self.parked or park
+            emit = self._emit
+            if park:
+                self._emit = _ignore          # this call's events end with its exit
+        emit(pb.Event(host=self.host, done=report))
+        if park:
+            exited = pb.HostReport()
+            exited.CopyFrom(report)
+            exited.warm = True
+            emit(pb.Event(host=self.host, exited=exited))
+            self.finished.set()
+
+    def _wait_exit(self) -> None:
+        assert self.proc is not None
+        code = self.proc.wait()
+        seen_at = time.time()
+        # Whatever the worker left in its process group goes with it.
+        stop_group(self.proc, grace=0)
+        self._await_eof()
+        if self._status_thread is not None:
+            self._status_thread.join(timeout=2)
+        with self._lock:
+            r = self.report
+            r.exited = True
+            r.exit_code = code
+            r.signal = signal_name(code)
+            if r.state in (pb.HOST_STATE_PENDING, pb.HOST_STATE_RUNNING):
+                if self._cancelled:
+                    r.state = pb.HOST_STATE_CANCELLED
+                    r.detail = "stopped by remote_tpu"
+                else:
+                    r.state = pb.HOST_STATE_DIED
+                    r.finished_at = seen_at
+                    r.detail = (f"killed by {r.signal}" if r.signal
+                                else f"exited with code {code} before the function returned")
+            if r.state != pb.HOST_STATE_SUCCEEDED:
+                r.last_lines[:] = self._tail.lines()
+            report = pb.HostReport()
+            report.CopyFrom(r)
+            was_parked, self.parked = self.parked, False
+        self._emit(pb.Event(host=self.host, exited=report))
+        self.finished.set()
+        own = os.path.dirname(self._stacks_path)
+        if own != self.call.job_dir:            # the worker's own files go with it
+            shutil.rmtree(own, ignore_errors=True)
+        if self._adopted and self._spares is not None:
+            self._spares.replace()              # the next job's spare, from now
+        if was_parked and self.on_parked_exit is not None:
+            self.on_parked_exit()
