@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import shutil
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -146,6 +149,75 @@ def test_a_caller_killed_during_a_lane_call_cancels_it_on_every_host(slice_, for
         proc.communicate()
 
 
+def _cut_lanes(agents) -> bool:
+    """Reset every connection to the gateway's data port, as a flaky link or a
+    middlebox would (both ends see a reset); False where it cannot be done here."""
+    if shutil.which("ss") is None:
+        return False
+    subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(agents.data_ports[0])],
+                   capture_output=True)
+    return wait_until(lambda: _lanes_to(agents) == 0, timeout=2)
+
+
+def _slow_count(sleep):
+    time.sleep(sleep)
+    return _count()
+
+
+def test_a_lane_broken_after_its_call_started_hands_the_call_to_grpc_unharmed(slice_):
+    """The lane breaks after the gateway started the call, before its first
+    event came: the caller sends it again on gRPC under the same job id, which
+    follows the running call. It runs once, its value comes back, and the warm
+    state stays (before: the gateway took the break for the caller going away
+    and cancelled the call; the resend found it cancelled, the warm workers gone)."""
+    before = {j.id for j in remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)}
+    step = _on(slice_, keep_warm=60)(_slow_count)
+    assert step(0) == 1 and _lanes_to(slice_) == 1
+    cut: list[bool] = []
+
+    def cutter():
+        assert wait_until(lambda: any(j.state == "RUNNING" for j in remote_tpu.jobs(
+            hosts=slice_.addresses[0], token=slice_.token)), timeout=10)
+        cut.append(_cut_lanes(slice_))
+    thread = threading.Thread(target=cutter, daemon=True)
+    thread.start()
+    assert step(3) == 2                          # once: the count went up by one
+    thread.join(10)
+    if not cut or not cut[0]:
+        pytest.skip("cannot cut a TCP connection here (ss -K)")
+    calls = [j for j in remote_tpu.jobs(hosts=slice_.addresses[0], token=slice_.token)
+             if j.id not in before and j.state != "WARM"]   # the warm session: a job too
+    assert [j.state for j in calls] == ["SUCCEEDED", "SUCCEEDED"], calls
+    assert step(0) == 3                          # the same workers, the same state
+
+
+def test_a_lane_broken_with_no_resend_coming_cancels_its_call(slice_):
+    """A break no resend follows (the caller's host gone, or its process
+    killed with output unread: a reset) ends the call within RESEND_SECONDS."""
+    step = _on(slice_, keep_warm=60)(lambda sleep: __import__("time").sleep(sleep))
+    step(0)
+    from remote_tpu._core.serialization import dumps_call
+    from remote_tpu._client import _requests, _spec, _target
+    from remote_tpu._trees import Trees
+    payload = dumps_call(step._fn, (30,), {})
+    spec = _spec(step.options, payload, "reset-1", _target(step.options), Trees())
+    sock = lane._take(next(iter(lane._lanes)))
+    lane.send_frame(sock, lane.CALL, next(_requests(spec, payload)).SerializeToString())
+
+    def state():
+        return {j.id: j.state for j in remote_tpu.jobs(
+            hosts=slice_.addresses[0], token=slice_.token)}.get("reset-1")
+    assert wait_until(lambda: state() == "RUNNING", timeout=10)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()                                  # a reset, not a goodbye
+    start = time.monotonic()
+    assert wait_until(lambda: state() == "CANCELLED", timeout=10), state()
+    assert time.monotonic() - start < lane_server.RESEND_SECONDS + 3
+    job = {j.id: j for j in remote_tpu.jobs(hosts=slice_.addresses[0],
+                                            token=slice_.token)}["reset-1"]
+    assert "no resend" in job.detail, job
+
+
 def test_a_call_whose_caller_goes_away_at_once_is_cancelled(slice_):
     """The call is sent on the lane and the lane closed right after, before the
     gateway has started the call: it must not run with nobody attached."""
@@ -159,7 +231,7 @@ def test_a_call_whose_caller_goes_away_at_once_is_cancelled(slice_):
         spec = _spec(step.options, payload, f"gone-{i}", _target(step.options), Trees())
         sock = lane._take(next(iter(lane._lanes)))
         lane.send_frame(sock, lane.CALL, next(_requests(spec, payload)).SerializeToString())
-        sock.shutdown(__import__("socket").SHUT_RDWR)
+        sock.shutdown(socket.SHUT_RDWR)
         sock.close()
 
         def state():
@@ -192,7 +264,6 @@ def test_a_caller_whose_host_goes_silent_has_its_call_cancelled(slice_):
     need_iptables()
     step = _on(slice_, keep_warm=60)(lambda sleep: __import__("time").sleep(sleep))
     step(0)
-    import threading
     ended: list[BaseException] = []
 
     def call():

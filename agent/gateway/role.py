@@ -20,22 +20,23 @@ import grpc
 from remote_tpu._core.channels import ERROR_KIND_KEY
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
-from remote_tpu_agent.worker import child as _worker
-from remote_tpu_agent.host.config import AgentConfig
 from remote_tpu_agent.gateway.job import GatewayJob
+from remote_tpu_agent.gateway.scheduler import Scheduler
+from remote_tpu_agent.gateway.warm import WarmSession
+from remote_tpu_agent.host.config import AgentConfig
+from remote_tpu_agent.host.envs import EnvError
 from remote_tpu_agent.host.preparing import NotPrepared, Prepared
 from remote_tpu_agent.host.shared import Host
-from remote_tpu_agent.jobs.views import status_of, watch
-from remote_tpu_agent.jobs.views import result as result_events
-from remote_tpu_agent.jobs.requests import Refused, abort, hosts_for
-from remote_tpu_agent.worker.processes import Children
-from remote_tpu_agent.gateway.scheduler import Scheduler
-from remote_tpu_agent.jobs.store import JobRecord
-from remote_tpu_agent.host.envs import EnvError
 from remote_tpu_agent.host.working_dirs import place_job, refs_of
-from remote_tpu_agent.gateway.warm import WarmSession
-from remote_tpu_agent.worker.frames import INLINE_BYTES
+from remote_tpu_agent.jobs.requests import Refused, abort, hosts_for
+from remote_tpu_agent.jobs.store import JobRecord
+from remote_tpu_agent.jobs.views import result as result_events
+from remote_tpu_agent.jobs.views import status_of, watch
+from remote_tpu_agent.wire.caller_lane import RESEND_SECONDS
+from remote_tpu_agent.worker import child as _worker
 from remote_tpu_agent.worker.environment import num_processes, processes_per_host
+from remote_tpu_agent.worker.frames import INLINE_BYTES
+from remote_tpu_agent.worker.processes import Children
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +130,23 @@ class GatewayRole:
         in this thread (``Scheduler.claim``)."""
         record, created = self.accept(spec, requests, context, submit=False)
         record.attached = True
+        with record.changed:
+            record.followers += 1
+        done = threading.Event()
 
-        def on_done() -> None:        # an attached job does not outlive its caller
-            if not record.finished:
+        def on_done() -> None:        # an attached job does not outlive its callers
+            if done.is_set():
+                return
+            done.set()
+            with record.changed:
+                record.followers -= 1
+                if record.finished or record.followers:
+                    return
+            if getattr(context, "broken", False):      # a lane's: its call may come again
+                timer = threading.Timer(RESEND_SECONDS, self._cancel_unfollowed, (record,))
+                timer.daemon = True
+                timer.start()
+            else:
                 self.scheduler.cancel(record.job_id, "the attached caller went away")
         context.add_callback(on_done)
         hosts = {pb.STREAM_MODE_ALL: list(range(num_processes(record.spec))),
@@ -156,6 +171,15 @@ class GatewayRole:
         finally:
             if not record.result_ticketed:     # else the ticket's transfer says so
                 record.result_sent()
+
+    def _cancel_unfollowed(self, record: JobRecord) -> None:
+        """A lane broke under this job's call and no resend of it came."""
+        with record.changed:
+            if record.finished or record.followers:
+                return
+        self.scheduler.cancel(record.job_id, "the lane to its attached caller broke and no "
+                              f"resend of the call came within {RESEND_SECONDS:g} s: "
+                              "the caller went away")
 
     def _start_here(self, record: JobRecord, warm: WarmSession) -> None:
         """Run a claimed job in this thread for as long as it makes nothing to

@@ -49,6 +49,7 @@ class JobRecord:
         # An attached caller's stream: a large value moves to self.dir once it has
         # been read from where it landed (in memory), not while it is read.
         self.attached = False
+        self.followers = 0               # attached callers following it now (_gateway)
         self.result_read = threading.Event()
         self.result_ticketed = False    # its caller fetches it over the data port (_job_views)
         # retries=: seconds until its next attempt, between two (``jobs.attempts``).

@@ -11,7 +11,8 @@ handed out on the gRPC call, where the token was checked. On the lane:
   gets the call's events (``EVENT``) and then ``END``, or ``ERROR`` (what the
   call was refused with: its status code, details and error kind, as JSON);
 - ``CANCEL``, or the caller closing the connection, cancels the running call,
-  as a gRPC caller that goes away does;
+  as a gRPC caller that goes away does; a lane that breaks under a call
+  cancels it unless its caller sends it again on gRPC (``RESEND_SECONDS``);
 - one call at a time;
 - a lane idle for ``IDLE_SECONDS`` is closed by the gateway;
 - a caller gone (its host, or the network to it) cancels its call: see
@@ -57,6 +58,13 @@ IDLE_SECONDS = 600.0
 # process stopped) is still answered for by its kernel, and is waited for.
 SILENCE_SECONDS = 3.0
 UNANSWERED_SECONDS = 10.0
+# A lane that breaks (a reset, or a caller gone silent) rather than being closed
+# by its caller may have broken on the way: a caller that sees it break before
+# its call's first event sends the call again on gRPC under the same job id,
+# which follows the running call. The call is cancelled only if no such resend
+# comes within this time (a caller that closes its lane, or is killed, is gone
+# at once: its kernel says goodbye).
+RESEND_SECONDS = 2.0
 
 RunCall = Callable[[pb.RunRequest, "LaneContext"], Iterator[pb.Event]]
 
@@ -76,6 +84,9 @@ class LaneContext:
         self._callbacks: list[Callable[[], None]] = []
         self._active = True
         self.trailing: tuple = ()
+        # The lane broke under the call (its caller may send it again on gRPC:
+        # see RESEND_SECONDS), rather than its caller closing it.
+        self.broken = False
 
     def abort(self, code: grpc.StatusCode, details: str):
         raise _Aborted(code, details)
@@ -177,6 +188,7 @@ class CallLane:
         poll = select.poll()
         poll.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
         unanswered_since = None
+        broken = False
         try:
             while (wait := self._wait()) > 0:
                 if not poll.poll(wait * 1000):
@@ -188,7 +200,8 @@ class CallLane:
                         unanswered_since = time.monotonic()
                     elif time.monotonic() - unanswered_since >= UNANSWERED_SECONDS:
                         log.info("a caller's lane went unanswered for %g s during a call: "
-                                 "taken as gone", UNANSWERED_SECONDS)
+                                 "taken as broken", UNANSWERED_SECONDS)
+                        broken = True
                         break
                     continue
                 frame = read_frame(sock)
@@ -205,12 +218,13 @@ class CallLane:
                 else:
                     raise ConnectionError(f"unknown lane frame kind {kind}")
         except data_wire.FRAME_ERRORS as exc:
-            log.info("a caller's lane ended: %s", exc)
+            log.info("a caller's lane broke: %s", exc)
+            broken = True
         finally:
             with self._lock:
                 self._gone = True
             self._calls.put(None)
-            self._cancel()             # a caller that went away: as on gRPC
+            self._cancel(broken)       # a caller that went away: as on gRPC
             data_wire.shut(sock)
             runner.join()
         return b""
@@ -232,10 +246,11 @@ class CallLane:
         with self._lock:
             return self._pending
 
-    def _cancel(self) -> None:
+    def _cancel(self, broken: bool = False) -> None:
         with self._lock:
             context = self._current
         if context is not None:
+            context.broken = broken
             context.end()
 
     def _runner(self, sock: socket.socket) -> None:

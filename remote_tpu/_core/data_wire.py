@@ -285,9 +285,12 @@ def send_frame(sock: socket.socket, kind: int, body: bytes = b"") -> None:
 
 def read_frame(sock: socket.socket) -> tuple[int, bytes] | None:
     """A lane's next frame (kind, body); None once the other side has closed
-    the connection between frames."""
+    the connection between frames. A reset raises (ConnectionResetError,
+    ConnectionAbortedError): the connection broke, nobody closed it."""
     try:
         head = recv_exact(sock, 4)
+    except (ConnectionResetError, ConnectionAbortedError):
+        raise
     except ConnectionError:
         return None
     size = int.from_bytes(head, "big")
