@@ -21,7 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def job_processes() -> list[psutil.Process]:
-    """Every live worker or agent process started by remote_tpu on this machine."""
+    """Every live worker or agent process started by remote_tpu on this machine
+    by this test run (another run's, beside it, is left alone)."""
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
@@ -30,9 +31,25 @@ def job_processes() -> list[psutil.Process]:
                 continue
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-        if "remote_tpu_agent" in cmd and p.pid != os.getpid():
+        if "remote_tpu_agent" in cmd and p.pid != os.getpid() and _of_this_run(p):
             found.append(p)
     return found
+
+
+def _of_this_run(p: psutil.Process) -> bool:
+    """Whether ``p`` was started by this test run: every process the tests start
+    inherits this run's TMPDIR (``_private_config_home``; the agent passes it
+    on to workers). One whose TMPDIR is another test run's is not ours; one we
+    cannot tell is counted as ours."""
+    try:
+        tmp = p.environ().get("TMPDIR", "")
+    except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+        return True
+    ours = os.environ.get("TMPDIR", "")
+    if "pytest" not in tmp or not ours:
+        return True
+    base = os.path.dirname(ours.rstrip("/"))
+    return tmp == base or tmp.startswith(base + "/")
 
 
 def is_idle_spare(p: psutil.Process) -> bool:
