@@ -3,7 +3,7 @@
 Installed from the ``agent/`` source directory under the name
 ``remote_tpu_agent`` so it cannot collide with anything in a user's environment.
 
-Its plan, top down; a wing imports only the wings below it (``tests/test_layout.py``
+Its plan, top down; a wing imports only the wings below it (``tests/unit/test_layout.py``
 checks it), and reaches ``remote_tpu`` only through ``remote_tpu._core``:
 
 - ``server``: the command, the gRPC servicer, the token guard;

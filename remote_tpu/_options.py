@@ -66,7 +66,7 @@ def _from_env(name: str) -> str | None:
 
 
 # Every REMOTE_TPU_* variable remote_tpu reads or sets, on a client, an agent or
-# in a worker (tests/test_options.py checks the code names no other).
+# in a worker (tests/unit/test_options.py checks the code names no other).
 KNOWN_VARIABLES = frozenset({
     "REMOTE_TPU_ACCELERATOR", "REMOTE_TPU_HOSTS", "REMOTE_TPU_TIMEOUT", "REMOTE_TPU_STREAM",
     "REMOTE_TPU_KEEP_WARM", "REMOTE_TPU_WORKING_DIR", "REMOTE_TPU_OUTPUT_DIR",

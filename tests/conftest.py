@@ -1,4 +1,16 @@
-"""Shared helpers. Tests run real agents on loopback and real multi-process JAX on CPU."""
+"""Shared helpers. Tests run real agents on loopback and real multi-process JAX on CPU.
+
+The tests stand in tiers, one folder each:
+
+- ``tests/unit``: no agent; a test may start a plain interpreter or a server
+  of its own on loopback, nothing that serves jobs;
+- ``tests/slice``: agents as processes, as a user starts them, and local
+  slices; every test there is ``slow``, by its folder (a hook below).
+
+``-m "not slow"`` runs the first; ``scripts/test.sh`` runs them all.
+These helpers (and certs, gcs_emulator, metadata_server, package_index
+beside them) are imported by every tier: ``from conftest import ...``.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +30,18 @@ import pytest
 from remote_tpu._core.auth import TOKEN_ENV, new_token
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
+SLOW_TIERS = ("slice",)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items) -> None:
+    """Every test of a slow tier is marked ``slow`` by its folder, before ``-m``
+    selects (first of the hooks): a test there cannot forget its marker."""
+    slow = tuple(os.path.join(TESTS, tier) + os.sep for tier in SLOW_TIERS)
+    for item in items:
+        if str(item.path).startswith(slow):
+            item.add_marker(pytest.mark.slow)
 
 
 def job_processes() -> list[psutil.Process]:

@@ -16,7 +16,7 @@ import time
 import pytest
 
 import remote_tpu
-from conftest import free_port, hold_open
+from conftest import ROOT, free_port, hold_open
 from metadata_server import (MetadataSlice, MetadataStandIn, TpuApiStandIn, tpu_node,
                              tpu_vm)
 from remote_tpu._core.auth import TOKEN_ENV, new_token
@@ -259,8 +259,7 @@ def test_install_service_as_root_without_user_is_refused(sudo_user):
 
 def _readme_tpu_recipe() -> str:
     """The first bash block of the README's "Run on a TPU slice" section."""
-    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "README.md")) as f:
+    with open(os.path.join(ROOT, "README.md")) as f:
         readme = f.read()
     section = readme.split("### Run on a TPU slice", 1)[1]
     return re.search(r"```bash\n(.*?)```", section, re.S).group(1)

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(30)
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = {"remote_tpu": ROOT / "remote_tpu", "remote_tpu_agent": ROOT / "agent"}
 
 

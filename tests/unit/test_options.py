@@ -108,7 +108,7 @@ def test_every_remote_tpu_variable_the_code_names_is_known():
 
     from remote_tpu._options import KNOWN_VARIABLES
 
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]
     named = set()
     for path in [*root.glob("remote_tpu/**/*.py"), *root.glob("agent/**/*.py")]:
         named |= set(re.findall(r"REMOTE_TPU_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
