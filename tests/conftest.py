@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -218,14 +219,55 @@ def on_agents(agents: Agents, accelerator: str = "tpu-v5litepod-4", **kw):
                           token=agents.token, **kw)
 
 
+@contextlib.contextmanager
+def running_agents(n: int = 2, **options) -> Iterator[Agents]:
+    """``Agents(n, **options)`` for the block, stopped after it (also when
+    the block killed some of them)."""
+    agents = Agents(n, **options)
+    try:
+        yield agents
+    finally:
+        agents.stop()
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "agents(n=2, devices=2, peers=True, tokens=None, extra=None, after=()): "
+        "the agents the module's `agents` fixture starts (Agents' arguments; `after` names "
+        "fixtures to set up first, whose environment the agents then inherit)")
+
+
+@pytest.fixture(scope="module")
+def agents(request):
+    """The module's agents, shared by its tests: two agents of a slice that
+    know each other, or what the module asks for with
+    ``pytestmark = pytest.mark.agents(n=1, peers=False, extra=[...])``, or a
+    test with ``@pytest.mark.parametrize("agents", [{"n": 4}], indirect=True)``
+    (the options are ``Agents``' arguments)."""
+    marker = request.node.get_closest_marker("agents")
+    options = {**(marker.kwargs if marker else {}), **getattr(request, "param", {})}
+    for name in options.pop("after", ()):
+        request.getfixturevalue(name)
+    with running_agents(**options) as started:
+        yield started
+
+
 @pytest.fixture(scope="module")
 def pair():
     """Two agents of a slice, shared by a module's tests; no spare workers (a
     test may find a job's workers by the environment they started with, and a
     spare starts before its job)."""
-    agents = Agents(2, devices=2, extra=["--spare-workers", "0"])
-    yield agents
-    agents.stop()
+    with running_agents(2, devices=2, extra=["--spare-workers", "0"]) as started:
+        yield started
+
+
+@pytest.fixture
+def slice_factory():
+    """Agents started by the test itself, when it needs its own (to kill or
+    restart them, or with flags of its own): ``slice_factory(2, extra=[...])``
+    returns ``Agents``; every one is stopped when the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda n=2, **options: stack.enter_context(running_agents(n, **options))
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 import remote_tpu
-from conftest import Agents, live_workers, wait_until
+from conftest import live_workers, wait_until
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._core.auth import TOKEN_METADATA_KEY
@@ -23,10 +23,10 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-def two_agents():
-    agents = Agents(2)
-    yield agents
-    agents.stop()
+def two_agents(slice_factory):
+    """Agents of the test's own, for a test that stops or kills one (the
+    others share the module's ``agents``)."""
+    return slice_factory(2)
 
 
 def _spec(**overrides) -> pb.JobSpec:
@@ -51,9 +51,9 @@ def _refusal(address: str, spec: pb.JobSpec, token: str) -> remote_tpu.RemoteTPU
 
 
 @pytest.mark.slow
-def test_gateway_address_alone_reaches_its_configured_peers(two_agents):
-    @remote_tpu.run(accelerator="tpu-v5litepod-8", hosts=two_agents.addresses[0],
-                    token=two_agents.token)
+def test_gateway_address_alone_reaches_its_configured_peers(agents):
+    @remote_tpu.run(accelerator="tpu-v5litepod-8", hosts=agents.addresses[0],
+                    token=agents.token)
     def f():
         # v5litepod-8 is one host; this call must be refused: 2 agents behind the gateway
         return 1
@@ -65,8 +65,8 @@ def test_gateway_address_alone_reaches_its_configured_peers(two_agents):
     assert "--print-slice" in str(info.value)                 # what to do: not "list hosts"
     assert "give only the gateway's address" not in str(info.value)
 
-    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0],
-                    token=two_agents.token)
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0],
+                    token=agents.token)
     def g():
         import jax
         import jax.numpy as jnp
@@ -77,13 +77,13 @@ def test_gateway_address_alone_reaches_its_configured_peers(two_agents):
     assert g() == (3, 2, 2)
 
 
-def test_any_host_can_answer_the_client_follows_to_worker_0(two_agents):
-    err = _refusal(two_agents.addresses[1], _spec(accelerator="tpu-v4-16", num_hosts=2),
-                   two_agents.token)
-    assert isinstance(err, Redirect) and err.address == two_agents.addresses[0]
+def test_any_host_can_answer_the_client_follows_to_worker_0(agents):
+    err = _refusal(agents.addresses[1], _spec(accelerator="tpu-v4-16", num_hosts=2),
+                   agents.token)
+    assert isinstance(err, Redirect) and err.address == agents.addresses[0]
 
-    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[1],
-                    token=two_agents.token)
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[1],
+                    token=agents.token)
     def where():
         import jax
         return jax.process_index(), jax.process_count()
@@ -91,21 +91,21 @@ def test_any_host_can_answer_the_client_follows_to_worker_0(two_agents):
     assert where() == (0, 2)
     handle = where.submit()
     assert handle.result() == (0, 2)
-    assert repr(handle).endswith(f"at {two_agents.addresses[0]}>")
+    assert repr(handle).endswith(f"at {agents.addresses[0]}>")
 
 
-def test_health_reports_versions_and_slice(two_agents):
-    address = two_agents.addresses[1]
-    credentials = Credentials(token=two_agents.token)
+def test_health_reports_versions_and_slice(agents):
+    address = agents.addresses[1]
+    credentials = Credentials(token=agents.token)
     reply = health(address, credentials)
     assert reply.versions.remote_tpu == remote_tpu.__version__
-    assert reply.worker_id == 1 and list(reply.peers) == two_agents.addresses
+    assert reply.worker_id == 1 and list(reply.peers) == agents.addresses
     assert reply.simulate_devices == 2
 
 
-def test_a_client_python_no_host_has_is_refused_naming_both_versions(two_agents):
-    err = _refusal(two_agents.addresses[0], _spec(python="3.4.10", accelerator="tpu-v4-16"),
-                   two_agents.token)
+def test_a_client_python_no_host_has_is_refused_naming_both_versions(agents):
+    err = _refusal(agents.addresses[0], _spec(python="3.4.10", accelerator="tpu-v4-16"),
+                   agents.token)
     assert isinstance(err, remote_tpu.VersionMismatchError)
     ours = f"3.{sys.version_info.minor}"
     assert f"the client runs Python 3.4 and this host's agent Python {ours}" in str(err)
@@ -113,14 +113,14 @@ def test_a_client_python_no_host_has_is_refused_naming_both_versions(two_agents)
 
 
 @pytest.mark.parametrize("job_id", ["../../etc", "", "a/b", "x" * 65])
-def test_job_ids_that_could_escape_the_state_dir_are_refused(two_agents, job_id):
-    err = _refusal(two_agents.addresses[0], _spec(job_id=job_id), two_agents.token)
+def test_job_ids_that_could_escape_the_state_dir_are_refused(agents, job_id):
+    err = _refusal(agents.addresses[0], _spec(job_id=job_id), agents.token)
     assert isinstance(err, remote_tpu.ConfigurationError) and "job id" in str(err)
 
 
-def test_peer_without_coordinator_is_refused(two_agents):
-    err = _refusal(two_agents.addresses[1], _spec(role=pb.ROLE_PEER, process_id=1,
-                                                  num_hosts=2), two_agents.token)
+def test_peer_without_coordinator_is_refused(agents):
+    err = _refusal(agents.addresses[1], _spec(role=pb.ROLE_PEER, process_id=1,
+                                              num_hosts=2), agents.token)
     assert "coordinator" in str(err)
 
 
@@ -190,21 +190,18 @@ def test_peer_agent_dying_mid_job_fails_fast_naming_it(two_agents):
     assert wait_until(lambda: not live_workers(), timeout=10), "a worker outlived its agent"
 
 
-def test_unreachable_peer_is_reported_lost():
-    agents = Agents(2)
-    try:
-        agents.procs[1].kill()
-        agents.procs[1].wait()
+def test_unreachable_peer_is_reported_lost(two_agents):
+    two_agents.procs[1].kill()
+    two_agents.procs[1].wait()
 
-        @remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0], token=agents.token)
-        def f():
-            return 1
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0],
+                    token=two_agents.token)
+    def f():
+        return 1
 
-        err = _raised(f)
-        assert isinstance(err, remote_tpu.JobFailedError) and err.host == 1
-        assert "host 1: lost" in str(err)
-    finally:
-        agents.stop()
+    err = _raised(f)
+    assert isinstance(err, remote_tpu.JobFailedError) and err.host == 1
+    assert "host 1: lost" in str(err)
 
 
 def _raised(fn) -> BaseException | None:
@@ -216,9 +213,9 @@ def _raised(fn) -> BaseException | None:
 
 
 @pytest.mark.slow
-def test_several_processes_per_host_across_agents(two_agents):
-    @remote_tpu.run(accelerator="tpu-v4-16", hosts=two_agents.addresses[0],
-                    token=two_agents.token, processes_per_host=2)
+def test_several_processes_per_host_across_agents(agents):
+    @remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0],
+                    token=agents.token, processes_per_host=2)
     def spread(fail_on=-1):
         import os
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import remote_tpu
-from conftest import Agents, on_agents, wait_until
+from conftest import Agents, on_agents, running_agents, wait_until
 from remote_tpu import _blobs
 from remote_tpu._core.exceptions import ConfigurationError, JobFailedError
 from remote_tpu._core.limits import CHUNK_SIZE
@@ -25,9 +25,8 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(scope="module")
 def pair_without_data_ports():
-    agents = Agents(2, devices=2, extra=["--spare-workers", "0", "--data-port", "-1"])
-    yield agents
-    agents.stop()
+    with running_agents(2, devices=2, extra=["--spare-workers", "0", "--data-port", "-1"]) as a:
+        yield a
 
 
 class Sends(list):
@@ -435,11 +434,9 @@ def _sizes_seen(data, array=None):
 
 
 @pytest.fixture
-def small_cache():
-    agents = Agents(2, devices=2, extra=["--spare-workers", "0", "--cache-bytes",
-                                         str(CACHE)])
-    yield agents
-    agents.stop()
+def small_cache(slice_factory):
+    return slice_factory(2, devices=2, extra=["--spare-workers", "0", "--cache-bytes",
+                                              str(CACHE)])
 
 
 def _call(agents, root, *args):

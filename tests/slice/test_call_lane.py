@@ -22,16 +22,9 @@ from remote_tpu import _call_lane as lane
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent.wire import caller_lane as lane_server
 
-from conftest import ROOT, Agents, dropping, need_iptables, wait_until
+from conftest import ROOT, dropping, need_iptables, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-
-
-@pytest.fixture(scope="module")
-def agents():
-    a = Agents(2)
-    yield a
-    a.stop()
 
 
 @pytest.fixture

@@ -10,16 +10,13 @@ import textwrap
 
 import pytest
 
-from conftest import Agents
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def slice_():
-    agents = Agents(2)
-    yield agents
-    agents.stop()
+def slice_(agents):
+    return agents
 
 
 def _cli(slice_, *argv: str, cwd: str | None = None, timeout: float = 120):

@@ -13,17 +13,9 @@ from remote_tpu import _blobs
 from remote_tpu._core import gcs as gcs_copies
 from remote_tpu._core.exceptions import ConfigurationError
 
-from conftest import Agents
 from gcs_emulator import gcs  # noqa: F401 - a fixture
 
-pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def agents(gcs):
-    a = Agents(2)
-    yield a
-    a.stop()
+pytestmark = [pytest.mark.timeout(180), pytest.mark.agents(after=["gcs"])]
 
 
 def _on(agents, **kw):

@@ -17,7 +17,7 @@ from conftest import Agents, wait_until
 from metadata_server import MetadataSlice
 from remote_tpu._core.exceptions import JobFailedError
 from remote_tpu._retries import Retries
-from test_retries import _on, agents  # noqa: F401 - its slice (a module fixture) and helper
+from test_retries import _on
 
 pytestmark = pytest.mark.timeout(180)
 

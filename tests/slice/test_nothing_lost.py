@@ -21,15 +21,8 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._core.channels import Credentials, health
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.agents(n=1, peers=False)]
 MB = 1_000_000
-
-
-@pytest.fixture(scope="module")
-def lone():
-    agents = Agents(1, peers=False)
-    yield agents
-    agents.stop()
 
 
 _on = on_agents
@@ -54,7 +47,7 @@ def _attached(agents, body: str) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------- output
 
 @pytest.mark.parametrize("size", [5 * MB, pytest.param(50 * MB, id="50MB")])
-def test_output_written_at_once_reaches_every_reader_whole(lone, size):
+def test_output_written_at_once_reaches_every_reader_whole(agents, size):
     body = f"""
         import sys
         sys.stdout.write("".join(chr(65 + i % 26) for i in range(26)) * ({size} // 26)
@@ -62,12 +55,12 @@ def test_output_written_at_once_reaches_every_reader_whole(lone, size):
         return "done"
     """
     expected = ("ABCDEFGHIJKLMNOPQRSTUVWXYZ" * (size // 26) + "z" * (size % 26)).encode()
-    proc = _attached(lone, body)
+    proc = _attached(agents, body)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert b"returned done" in proc.stderr
     assert proc.stdout == expected, f"caller got {len(proc.stdout)} of {size} bytes"
 
-    @_on(lone)
+    @_on(agents)
     def detached():
         import sys
         sys.stdout.write("".join(chr(65 + i % 26) for i in range(26)) * (size // 26)
@@ -77,13 +70,13 @@ def test_output_written_at_once_reaches_every_reader_whole(lone, size):
     assert handle.result(timeout=120) == "done"
     assert handle.logs().encode() == expected
     assert "".join(handle.logs(follow=True)).encode() == expected
-    cli = _cli(lone, "jobs", "logs", handle.id)
+    cli = _cli(agents, "jobs", "logs", handle.id)
     assert cli.returncode == 0, cli.stderr[-2000:]
     assert cli.stdout == expected
 
 
-def test_a_million_short_lines_all_reach_the_attached_caller_in_order(lone):
-    proc = _attached(lone, """
+def test_a_million_short_lines_all_reach_the_attached_caller_in_order(agents):
+    proc = _attached(agents, """
         import sys
         write = sys.stdout.write
         for i in range(1_000_000):
@@ -97,8 +90,8 @@ def test_a_million_short_lines_all_reach_the_attached_caller_in_order(lone):
     assert lines[:-1] == [str(i).encode() for i in range(1_000_000)]
 
 
-def test_output_followed_while_the_job_writes_and_after_it_ended(lone):
-    @_on(lone)
+def test_output_followed_while_the_job_writes_and_after_it_ended(agents):
+    @_on(agents)
     def chatty():
         import time
         for i in range(200):
@@ -115,8 +108,8 @@ def test_output_followed_while_the_job_writes_and_after_it_ended(lone):
 
 # ---------------------------------------------------------------- large replies
 
-def test_a_2mb_exception_message_comes_back_as_itself_cut_and_saying_where(lone):
-    @_on(lone)
+def test_a_2mb_exception_message_comes_back_as_itself_cut_and_saying_where(agents):
+    @_on(agents)
     def fails():
         raise ValueError("x" * 2_000_000)
 
@@ -129,19 +122,19 @@ def test_a_2mb_exception_message_comes_back_as_itself_cut_and_saying_where(lone)
     with pytest.raises(ValueError, match="remote_tpu cut") as again:
         handle.result(timeout=60)
     assert handle.logs() == ""                  # no flood of the caller's output
-    path = os.path.join(lone.state_dirs[0], "jobs", f"{handle.id}.gateway", "exception.txt")
+    path = os.path.join(agents.state_dirs[0], "jobs", f"{handle.id}.gateway", "exception.txt")
     assert f"the whole text is in {path} on host 0" in str(again.value)
     with open(path) as f:
         assert f.read().count("x") >= 2_000_000            # the whole text, where it says
     assert handle.status().state == "FAILED"
-    listed = remote_tpu.jobs(hosts=lone.addresses[0], token=lone.token)
+    listed = remote_tpu.jobs(hosts=agents.addresses[0], token=agents.token)
     assert handle.id in [j.id for j in listed]
-    cli = _cli(lone, "jobs", "list")
+    cli = _cli(agents, "jobs", "list")
     assert cli.returncode == 0, cli.stderr[-2000:]
 
 
-def test_an_exception_that_cannot_be_rebuilt_smaller_still_names_its_type(lone):
-    @_on(lone)
+def test_an_exception_that_cannot_be_rebuilt_smaller_still_names_its_type(agents):
+    @_on(agents)
     def fails():
         class Picky(Exception):
             def __init__(self, *, code, text):
@@ -201,8 +194,8 @@ def test_cut_text_at_the_edges():
 
 # ---------------------------------------------------------------- stacks
 
-def test_stacks_asked_at_any_moment_never_harm_a_job(lone):
-    @_on(lone)
+def test_stacks_asked_at_any_moment_never_harm_a_job(agents):
+    @_on(agents)
     def quick():
         import time
         time.sleep(1.0)
@@ -226,10 +219,10 @@ def test_stacks_asked_at_any_moment_never_harm_a_job(lone):
 
 # ---------------------------------------------------------------- ids, store
 
-def test_a_job_id_with_a_trailing_newline_is_refused(lone):
-    channel = Credentials(token=lone.token).channel(lone.addresses[0])
+def test_a_job_id_with_a_trailing_newline_is_refused(agents):
+    channel = Credentials(token=agents.token).channel(agents.addresses[0])
     stub = pb_grpc.AgentStub(channel)
-    metadata = ((("x-remote-tpu-token", lone.token)),)
+    metadata = ((("x-remote-tpu-token", agents.token)),)
     for bad in ("job\n", "job\r\n", "\njob"):
         with pytest.raises(grpc.RpcError) as info:
             stub.Status(pb.JobRef(job_id=bad), metadata=metadata, timeout=10)
@@ -245,15 +238,15 @@ def test_a_job_id_with_a_trailing_newline_is_refused(lone):
     channel.close()
 
 
-def test_the_store_is_owner_only_and_env_values_stay_out_of_replies(lone):
-    @_on(lone, env={"MY_API_KEY": "sk-very-secret-value"})
+def test_the_store_is_owner_only_and_env_values_stay_out_of_replies(agents):
+    @_on(agents, env={"MY_API_KEY": "sk-very-secret-value"})
     def uses_env():
         import os
         return len(os.environ["MY_API_KEY"])
 
     handle = uses_env.submit()
     assert handle.result(timeout=60) == len("sk-very-secret-value")
-    state = lone.state_dirs[0]
+    state = agents.state_dirs[0]
     for directory, dirs, files in os.walk(state):
         mode = stat.S_IMODE(os.stat(directory).st_mode)
         assert mode == 0o700, f"{directory} is {mode:04o}"
@@ -262,9 +255,9 @@ def test_the_store_is_owner_only_and_env_values_stay_out_of_replies(lone):
             mode = stat.S_IMODE(os.stat(path).st_mode)
             assert mode == 0o600, f"{path} is {mode:04o}"
     assert os.path.exists(os.path.join(state, "jobs.sqlite-wal"))
-    channel = Credentials(token=lone.token).channel(lone.addresses[0])
+    channel = Credentials(token=agents.token).channel(agents.addresses[0])
     stub = pb_grpc.AgentStub(channel)
-    metadata = (("x-remote-tpu-token", lone.token),)
+    metadata = (("x-remote-tpu-token", agents.token),)
     listed = stub.ListJobs(pb.ListJobsRequest(), metadata=metadata, timeout=10)
     status = stub.Status(pb.JobRef(job_id=handle.id), metadata=metadata, timeout=10)
     for reply in (listed, status):
@@ -407,8 +400,8 @@ def test_the_store_drops_the_oldest_finished_jobs_beyond_its_size(tmp_path):
     store.close()
 
 
-def test_an_exception_message_that_is_not_valid_utf8_comes_back_at_once(lone):
-    @_on(lone, timeout=60)
+def test_an_exception_message_that_is_not_valid_utf8_comes_back_at_once(agents):
+    @_on(agents, timeout=60)
     def undecodable():
         raise ValueError("bad file /tmp/\udcff")     # an f-string of an undecodable path
 
@@ -418,8 +411,8 @@ def test_an_exception_message_that_is_not_valid_utf8_comes_back_at_once(lone):
     assert time.monotonic() - started < 30
 
 
-def test_logs_without_follow_stop_at_the_end_as_it_is_now(lone):
-    @_on(lone)
+def test_logs_without_follow_stop_at_the_end_as_it_is_now(agents):
+    @_on(agents)
     def endless():
         import sys
         import time

@@ -12,17 +12,11 @@ import pytest
 import remote_tpu
 from remote_tpu._core.exceptions import ConfigurationError
 
-from conftest import Agents, wait_until
+from conftest import wait_until
 from gcs_emulator import gcs  # noqa: F401 - a fixture
 
-pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def agents(gcs):
-    a = Agents(2, extra=["--output-interval", "0.3"])
-    yield a
-    a.stop()
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.agents(extra=["--output-interval", "0.3"], after=["gcs"])]
 
 
 def _on(agents, output_dir, **kw):

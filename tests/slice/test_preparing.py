@@ -20,18 +20,11 @@ import remote_tpu
 from conftest import ROOT, Agents, alive, wait_until
 from package_index import PackageIndex, make_wheel
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+# Two agents that are not told of each other: a job names its hosts.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.agents(peers=False)]
 
 # Past the job's end: its installer's group killed; a cancel answered.
 _WITHIN = 2.0
-
-
-@pytest.fixture(scope="module")
-def agents():
-    """Two agents that are not told of each other: a job names its hosts."""
-    a = Agents(2, peers=False)
-    yield a
-    a.stop()
 
 
 @pytest.fixture(autouse=True)

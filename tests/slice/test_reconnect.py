@@ -15,10 +15,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 @pytest.fixture
-def pair():
-    agents = Agents(2)
-    yield agents
-    agents.stop()
+def pair(slice_factory):
+    """Agents of the test's own: it restarts them."""
+    return slice_factory(2)
 
 
 def _restart(agents: Agents, i: int) -> None:

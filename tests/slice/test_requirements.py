@@ -8,17 +8,9 @@ import pytest
 import remote_tpu
 from remote_tpu._core.exceptions import ConfigurationError
 
-from conftest import Agents
 from package_index import make_wheel
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-
-@pytest.fixture(scope="module")
-def agents():
-    a = Agents(2)
-    yield a
-    a.stop()
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from remote_tpu._core.exceptions import (AgentUnavailableError, ConfigurationErr
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._retries import FAILURE, PREEMPTION, Retries, coerce, kind_of
 
-from conftest import Agents
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -68,13 +67,6 @@ def test_at_most_200_retries_in_all(preemptions, failures, ok):
         Retries(preemptions=preemptions, failures=failures)
     with pytest.raises(ConfigurationError, match="at most 200 retries in all"):
         coerce(preemptions + failures)
-
-
-@pytest.fixture(scope="module")
-def agents():
-    a = Agents(2)
-    yield a
-    a.stop()
 
 
 def _on(agents, **kw):

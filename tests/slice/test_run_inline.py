@@ -18,16 +18,10 @@ from remote_tpu._core.channels import Credentials, stub
 from remote_tpu._core.limits import INLINE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120),
+              pytest.mark.agents(n=1, peers=False, extra=["--spare-workers", "0"])]
 
 SERVICE = "remote_tpu.v1.Agent"
-
-
-@pytest.fixture(scope="module")
-def lone():
-    agents = Agents(1, peers=False, extra=["--spare-workers", "0"])
-    yield agents
-    agents.stop()
 
 
 class _OlderAgent:
@@ -77,20 +71,20 @@ def _run_inline(agents: Agents, spec: pb.JobSpec) -> grpc.RpcError:
     return raised.value
 
 
-def test_a_small_call_and_a_large_one_both_run(lone):
-    call = on_agents(lone, stream="none")(lambda a: int(a.sum()))
+def test_a_small_call_and_a_large_one_both_run(agents):
+    call = on_agents(agents, stream="none")(lambda a: int(a.sum()))
     assert call(np.ones(4, np.uint8)) == 4                          # inside its spec
     big = np.ones(INLINE_BYTES + 1, np.uint8)                       # one byte past it
     assert call(big) == INLINE_BYTES + 1
 
 
-def test_an_agent_without_run_inline_is_called_with_run(lone):
-    older = _OlderAgent(lone.addresses[0])
+def test_an_agent_without_run_inline_is_called_with_run(agents):
+    older = _OlderAgent(agents.addresses[0])
     try:
         _client._without_run_inline.discard(older.address)
         import remote_tpu
         call = remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=older.address,
-                              token=lone.token, stream="none")(lambda: 7)
+                              token=agents.token, stream="none")(lambda: 7)
         assert call() == 7
         assert call() == 7
         assert older.address in _client._without_run_inline
@@ -100,7 +94,7 @@ def test_an_agent_without_run_inline_is_called_with_run(lone):
         _client._without_run_inline.discard(older.address)
 
 
-def test_run_inline_refuses_a_peer_s_call_and_a_payload_not_inside(lone):
+def test_run_inline_refuses_a_peer_s_call_and_a_payload_not_inside(agents):
     from remote_tpu._core.versions import versions_pb
 
     spec = pb.JobSpec(client_versions=versions_pb(), job_id="inline-peer",
@@ -108,14 +102,14 @@ def test_run_inline_refuses_a_peer_s_call_and_a_payload_not_inside(lone):
                       process_id=1, coordinator_address="127.0.0.1:1",
                       stream=pb.STREAM_MODE_NONE, payload_size=3,
                       payload_digest=b"\0" * digests.SIZE, payload=b"abc")
-    error = _run_inline(lone, spec)
+    error = _run_inline(agents, spec)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "gateway jobs only" in error.details()
 
     spec.role, spec.job_id, spec.num_hosts = pb.ROLE_GATEWAY, "inline-outside", 1
     spec.accelerator = "tpu-v5litepod-4"
     spec.ClearField("payload")                 # announced, not inside
-    error = _run_inline(lone, spec)
+    error = _run_inline(agents, spec)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "inside its JobSpec" in error.details()
 
@@ -133,7 +127,7 @@ def _pickled_of_size(size: int) -> bytes:
 
 @pytest.mark.parametrize("size", [VALUE_IN_END_BYTES, VALUE_IN_END_BYTES + 1])
 def test_a_small_value_comes_inside_the_final_report_a_larger_one_in_chunks(
-        lone, size, monkeypatch):
+        agents, size, monkeypatch):
     kinds: list[str] = []
     events = _client._StartedRun.__iter__
 
@@ -143,7 +137,7 @@ def test_a_small_value_comes_inside_the_final_report_a_larger_one_in_chunks(
             yield event
     monkeypatch.setattr(_client._StartedRun, "__iter__", watched)
     value = _pickled_of_size(size)
-    call = on_agents(lone, stream="none")(lambda v: v)
+    call = on_agents(agents, stream="none")(lambda v: v)
     assert call(value) == value
     assert kinds[-1] == "end"
     assert ("result_chunk" in kinds) == (size > VALUE_IN_END_BYTES)

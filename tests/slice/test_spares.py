@@ -43,10 +43,8 @@ def _one_spare(agent_pid: int, other_than: int = 0) -> psutil.Process:
 
 
 @pytest.fixture
-def lone():
-    agents = Agents(1, peers=False)
-    yield agents
-    agents.stop()
+def lone(slice_factory):
+    return slice_factory(1, peers=False)
 
 
 def _on(agents, **kw):

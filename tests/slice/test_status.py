@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, Agents
+from conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -30,13 +30,6 @@ def quiet_then_hello():
     return 7
 print("value", quiet_then_hello(), flush=True)
 """
-
-
-@pytest.fixture(scope="module")
-def agents():
-    a = Agents(2)
-    yield a
-    a.stop()
 
 
 def _on_a_terminal(code: str) -> str:

@@ -19,13 +19,6 @@ from conftest import ROOT, Agents, alive, is_idle_spare, wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
-@pytest.fixture(scope="module")
-def agents():
-    a = Agents(2)
-    yield a
-    a.stop()
-
-
 def _workers(agents: Agents) -> list[psutil.Process]:
     """The live worker processes of these agents (not of anything else running)."""
     found = []

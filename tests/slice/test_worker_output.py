@@ -11,17 +11,10 @@ import threading
 
 import pytest
 
-from conftest import Agents, on_agents, wait_until
+from conftest import on_agents, wait_until
 from remote_tpu._core.exceptions import JobFailedError
 
-pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def lone():
-    agents = Agents(1, peers=False)
-    yield agents
-    agents.stop()
+pytestmark = [pytest.mark.timeout(180), pytest.mark.agents(n=1, peers=False)]
 
 
 class _Seen:
@@ -40,12 +33,12 @@ class _Seen:
         pass
 
 
-def test_a_lone_print_arrives_while_the_function_still_runs(lone, tmp_path, monkeypatch):
+def test_a_lone_print_arrives_while_the_function_still_runs(agents, tmp_path, monkeypatch):
     seen = _Seen()
     monkeypatch.setattr(sys, "stdout", seen)
     go_on = tmp_path / "go-on"
 
-    @on_agents(lone, stream="leader")
+    @on_agents(agents, stream="leader")
     def waits(path):
         import time
         print("waiting for the caller")           # no flush, no newline-flush: the timer
@@ -65,8 +58,8 @@ def test_a_lone_print_arrives_while_the_function_still_runs(lone, tmp_path, monk
     assert result == [True]                   # it saw the line before it was let go
 
 
-def test_a_flood_on_both_streams_arrives_whole_and_in_order(lone, capfd):
-    @on_agents(lone, stream="leader")
+def test_a_flood_on_both_streams_arrives_whole_and_in_order(agents, capfd):
+    @on_agents(agents, stream="leader")
     def flood(n):
         for i in range(n):
             sys.stdout.write(f"out {i}\n")
@@ -84,8 +77,8 @@ def test_a_flood_on_both_streams_arrives_whole_and_in_order(lone, capfd):
         [f"err {i}" for i in range(0, 200_000, 10)]
 
 
-def test_what_was_printed_before_os_exit_is_not_lost(lone):
-    @on_agents(lone, stream="leader")
+def test_what_was_printed_before_os_exit_is_not_lost(agents):
+    @on_agents(agents, stream="leader")
     def leaves():
         print("said before leaving")
         os._exit(3)
@@ -96,8 +89,8 @@ def test_what_was_printed_before_os_exit_is_not_lost(lone):
     assert "exited with code 3" in str(failed.value)
 
 
-def test_a_forked_child_does_not_print_its_parents_buffer_again(lone, capfd):
-    @on_agents(lone, stream="leader")
+def test_a_forked_child_does_not_print_its_parents_buffer_again(agents, capfd):
+    @on_agents(agents, stream="leader")
     def forks():
         print("once, from the parent")
         pid = os.fork()
@@ -113,8 +106,8 @@ def test_a_forked_child_does_not_print_its_parents_buffer_again(lone, capfd):
     assert "from the child" in out
 
 
-def test_output_of_a_replaced_stdout_s_original_is_still_flushed(lone, capfd):
-    @on_agents(lone, stream="leader")
+def test_output_of_a_replaced_stdout_s_original_is_still_flushed(agents, capfd):
+    @on_agents(agents, stream="leader")
     def replaces():
         import io
         print("before the swap")          # in our buffer, not flushed yet
@@ -125,8 +118,8 @@ def test_output_of_a_replaced_stdout_s_original_is_still_flushed(lone, capfd):
     assert "before the swap" in capfd.readouterr().out
 
 
-def test_a_print_before_a_failure_is_shown_before_the_error(lone, capfd):
-    @on_agents(lone, stream="leader")
+def test_a_print_before_a_failure_is_shown_before_the_error(agents, capfd):
+    @on_agents(agents, stream="leader")
     def fails():
         print("the last words")
         raise ValueError("boom")
@@ -136,8 +129,8 @@ def test_a_print_before_a_failure_is_shown_before_the_error(lone, capfd):
     assert "the last words" in capfd.readouterr().out
 
 
-def test_the_worker_s_streams_are_buffered_and_keep_their_encoding(lone):
-    @on_agents(lone, stream="none")
+def test_the_worker_s_streams_are_buffered_and_keep_their_encoding(agents):
+    @on_agents(agents, stream="none")
     def streams():
         return (sys.stdout.line_buffering, sys.stdout.write_through, sys.stdout.encoding,
                 sys.stdout is sys.__stdout__, sys.stderr is sys.__stderr__,

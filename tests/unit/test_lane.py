@@ -20,7 +20,7 @@ from remote_tpu_agent.wire.data_port import DataPort
 from remote_tpu._core.data_wire import send_frame
 from remote_tpu_agent.wire.peer_lane import CALL, CANCEL, GatewayLane, PeerLane
 
-from conftest import Agents, dropping, need_iptables, wait_until
+from conftest import dropping, need_iptables, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -164,13 +164,6 @@ def test_no_data_port_no_lane():
 
 
 # ---------------------------------------------------------------- real agents
-
-
-@pytest.fixture(scope="module")
-def agents():
-    a = Agents(2)
-    yield a
-    a.stop()
 
 
 @pytest.fixture

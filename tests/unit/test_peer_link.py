@@ -265,13 +265,6 @@ def _links(agents, peer: int) -> int:
                c.raddr.port == agents.data_ports[peer])
 
 
-@pytest.fixture(scope="module")
-def agents():
-    a = Agents(2)
-    yield a
-    a.stop()
-
-
 def _on(agents, **kw):
     kw.setdefault("stream", "none")
     return remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0],

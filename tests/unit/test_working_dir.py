@@ -14,16 +14,8 @@ from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent.host import working_dirs as _workdirs
 
-from conftest import Agents
 
 pytestmark = pytest.mark.timeout(180)
-
-
-@pytest.fixture(scope="module")
-def agents():
-    a = Agents(2)
-    yield a
-    a.stop()
 
 
 def write(root, rel: str, data: bytes | str = b"", mode: int | None = None) -> str:
