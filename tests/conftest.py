@@ -4,12 +4,14 @@ The tests stand in tiers, one folder each:
 
 - ``tests/unit``: no agent; a test may start a plain interpreter or a server
   of its own on loopback, nothing that serves jobs;
+- ``tests/agent``: agents' servicers in the test process (``servicers``),
+  spare workers off: their RPC surface, no process started;
 - ``tests/slice``: agents as processes, as a user starts them, and local
   slices; every test there is ``slow``, by its folder (a hook below).
 
-``-m "not slow"`` runs the first; ``scripts/test.sh`` runs them all.
-These helpers (and certs, gcs_emulator, metadata_server, package_index
-beside them) are imported by every tier: ``from conftest import ...``.
+``-m "not slow"`` runs the first two; ``scripts/test.sh`` runs them all.
+These helpers (and certs, gcs_emulator, metadata_server, package_index and
+raw_calls beside them) are imported by every tier: ``from conftest import ...``.
 """
 
 from __future__ import annotations
@@ -211,6 +213,79 @@ class Agents:
         assert not stuck, "\n".join(stuck)
 
 
+class Servicers:
+    """Agents whose servicers run in this process (``create_server`` on
+    loopback, spare workers off), for the RPC surface: auth, health,
+    refusals, tickets, listings. A job still runs in a worker process of its
+    own, so the tests of this tier run none: they start no process at all.
+    ``addresses``, ``data_ports``, ``token`` and ``state_dirs`` as ``Agents``
+    has them."""
+
+    def __init__(self, n: int = 2, devices: int = 2, peers: bool = True,
+                 token: str | None = None, **config) -> None:
+        from remote_tpu_agent.host.config import AgentConfig
+        from remote_tpu_agent.server.service import create_server
+        from remote_tpu_agent.wire.discovery import Slice
+
+        self.token = token or new_token()
+        # Peers are named by their ports before they bind: those are chosen
+        # here; a lone agent binds port 0 and says which it got.
+        ports = free_ports(n) if peers else [0] * n
+        known = tuple(f"127.0.0.1:{p}" for p in ports) if peers else ()
+        self.state_dirs = [tempfile.mkdtemp(prefix=f"servicer-{i}-state-") for i in range(n)]
+        self.servers, self.services, self.addresses, self.data_ports = [], [], [], []
+        try:
+            for i in range(n):
+                server, port, service = create_server(AgentConfig(
+                    port=ports[i], slice=Slice(worker_id=i, peers=known, source="flags"),
+                    simulate_devices=devices, token=self.token,
+                    state_dir=self.state_dirs[i], spare_workers=0, **config))
+                server.start()
+                self.servers.append(server)
+                self.services.append(service)
+                self.addresses.append(f"127.0.0.1:{port}")
+                self.data_ports.append(service.data_port.port if service.data_port else 0)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """As the agent's own shutdown: every job cancelled, the port closed."""
+        for server, service in zip(self.servers, self.services):
+            service.stop_all()
+            server.stop(grace=1).wait()
+            service.refusals.close()
+        for path in self.state_dirs:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def servicers(request):
+    """The module's in-process agents (``Servicers``), shared by its tests: two
+    of a slice, or what ``pytestmark = pytest.mark.servicers(n=1, ...)`` or an
+    indirect parametrisation asks for (``Servicers``' arguments)."""
+    marker = request.node.get_closest_marker("servicers")
+    started = Servicers(**{**(marker.kwargs if marker else {}),
+                           **getattr(request, "param", {})})
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def servicer_factory():
+    """In-process agents of the test's own, with settings of their own:
+    ``servicer_factory(1, peers=False, max_payload_bytes=100_000)``; all are
+    stopped when the test ends."""
+    started: list[Servicers] = []
+
+    def start(n: int = 2, **options) -> Servicers:
+        started.append(Servicers(n, **options))
+        return started[-1]
+    yield start
+    for one in started:
+        one.stop()
+
+
 def on_agents(agents: Agents, accelerator: str = "tpu-v5litepod-4", **kw):
     """``remote_tpu.run`` on these agents (the first is the gateway)."""
     import remote_tpu
@@ -235,6 +310,9 @@ def pytest_configure(config) -> None:
         "markers", "agents(n=2, devices=2, peers=True, tokens=None, extra=None, after=()): "
         "the agents the module's `agents` fixture starts (Agents' arguments; `after` names "
         "fixtures to set up first, whose environment the agents then inherit)")
+    config.addinivalue_line(
+        "markers", "servicers(n=2, devices=2, peers=True, token=None, **config): the "
+        "in-process agents the module's `servicers` fixture starts (AgentConfig fields)")
 
 
 @pytest.fixture(scope="module")

@@ -8,16 +8,12 @@ import subprocess
 import sys
 import time
 
-import grpc
 import pytest
 
 import remote_tpu
 from conftest import live_workers, wait_until
-from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._core.auth import TOKEN_METADATA_KEY
-from remote_tpu._core.channels import Credentials, Redirect, error_from_rpc, health
-from remote_tpu._core.versions import versions_pb
+from raw_calls import probe_spec, refusal
+from remote_tpu._core.channels import Redirect
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -27,27 +23,6 @@ def two_agents(slice_factory):
     """Agents of the test's own, for a test that stops or kills one (the
     others share the module's ``agents``)."""
     return slice_factory(2)
-
-
-def _spec(**overrides) -> pb.JobSpec:
-    spec = pb.JobSpec(client_versions=versions_pb(), job_id="probe",
-                      accelerator="tpu-v5litepod-4", payload_digest=bytes(16),
-                      stream=pb.STREAM_MODE_LEADER,
-                      role=pb.ROLE_GATEWAY)
-    for key, value in overrides.items():
-        if key == "python":
-            spec.client_versions.python = value
-        else:
-            setattr(spec, key, value)
-    return spec
-
-
-def _refusal(address: str, spec: pb.JobSpec, token: str) -> remote_tpu.RemoteTPUError:
-    with grpc.insecure_channel(address) as ch:
-        with pytest.raises(grpc.RpcError) as info:
-            list(pb_grpc.AgentStub(ch).Run(iter([pb.RunRequest(spec=spec)]),
-                                           metadata=((TOKEN_METADATA_KEY, token),)))
-    return error_from_rpc(info.value, address)
 
 
 @pytest.mark.slow
@@ -78,7 +53,7 @@ def test_gateway_address_alone_reaches_its_configured_peers(agents):
 
 
 def test_any_host_can_answer_the_client_follows_to_worker_0(agents):
-    err = _refusal(agents.addresses[1], _spec(accelerator="tpu-v4-16", num_hosts=2),
+    err = refusal(agents.addresses[1], probe_spec(accelerator="tpu-v4-16", num_hosts=2),
                    agents.token)
     assert isinstance(err, Redirect) and err.address == agents.addresses[0]
 
@@ -92,36 +67,6 @@ def test_any_host_can_answer_the_client_follows_to_worker_0(agents):
     handle = where.submit()
     assert handle.result() == (0, 2)
     assert repr(handle).endswith(f"at {agents.addresses[0]}>")
-
-
-def test_health_reports_versions_and_slice(agents):
-    address = agents.addresses[1]
-    credentials = Credentials(token=agents.token)
-    reply = health(address, credentials)
-    assert reply.versions.remote_tpu == remote_tpu.__version__
-    assert reply.worker_id == 1 and list(reply.peers) == agents.addresses
-    assert reply.simulate_devices == 2
-
-
-def test_a_client_python_no_host_has_is_refused_naming_both_versions(agents):
-    err = _refusal(agents.addresses[0], _spec(python="3.4.10", accelerator="tpu-v4-16"),
-                   agents.token)
-    assert isinstance(err, remote_tpu.VersionMismatchError)
-    ours = f"3.{sys.version_info.minor}"
-    assert f"the client runs Python 3.4 and this host's agent Python {ours}" in str(err)
-    assert "`uv python install 3.4`" in str(err) and "--python" in str(err)
-
-
-@pytest.mark.parametrize("job_id", ["../../etc", "", "a/b", "x" * 65])
-def test_job_ids_that_could_escape_the_state_dir_are_refused(agents, job_id):
-    err = _refusal(agents.addresses[0], _spec(job_id=job_id), agents.token)
-    assert isinstance(err, remote_tpu.ConfigurationError) and "job id" in str(err)
-
-
-def test_peer_without_coordinator_is_refused(agents):
-    err = _refusal(agents.addresses[1], _spec(role=pb.ROLE_PEER, process_id=1,
-                                              num_hosts=2), agents.token)
-    assert "coordinator" in str(err)
 
 
 def test_bad_flags_and_busy_port_exit_with_a_message():

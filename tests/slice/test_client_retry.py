@@ -196,24 +196,6 @@ def test_no_agent_at_all_fails_after_bounded_retries(capsys):
     assert capsys.readouterr().err.count(NOTICE) == 1
 
 
-def test_a_refusal_is_not_retried(capsys):
-    agents = Agents(1)
-    try:
-        @remote_tpu.run(accelerator=ACCELERATOR, hosts=agents.addresses[0],
-                        token=new_token())                     # not the agent's token
-        def f():
-            return 1
-
-        for attempt in (f, f.submit):
-            start = time.monotonic()
-            with pytest.raises(remote_tpu.AuthenticationError):
-                attempt()
-            assert time.monotonic() - start < 5
-    finally:
-        agents.stop()
-    assert NOTICE not in capsys.readouterr().err
-
-
 @pytest.mark.slow
 def test_run_is_not_retried_once_an_event_arrived(monkeypatch, capsys):
     agents = Agents(1)

@@ -10,12 +10,12 @@ import socket
 import threading
 import time
 
-import grpc
 import numpy as np
 import pytest
 
 import remote_tpu
 from conftest import Agents, free_port, on_agents, wait_until
+from raw_calls import blob_ticket
 from remote_tpu._core import data_wire, digests
 from remote_tpu._core.channels import Credentials, stub
 from remote_tpu._core.limits import CHUNK_SIZE
@@ -41,13 +41,6 @@ def firewalled(monkeypatch, fresh_memory):
     monkeypatch.setattr(data_wire.socket, "create_connection", refuse)
     yield
     monkeypatch.setattr(data_wire.socket, "create_connection", real)
-
-
-def _ticket(agents: Agents, size: int, digest: bytes | None = None) -> pb.DataTicket:
-    data_ref = pb.BlobRef(digest=digest or os.urandom(digests.SIZE), size=size)
-    creds = Credentials(token=agents.token)
-    return stub(agents.addresses[0], creds).OpenBlob(
-        pb.BlobChunk(blob=data_ref), metadata=creds.metadata, timeout=30)
 
 
 def _make(agents, **kw):
@@ -141,53 +134,6 @@ def test_a_data_port_found_unusable_is_tried_again_after_a_back_off(pair, fresh_
     assert 2.0 <= fail_then_wait() < 3.5            # and no longer than RETRY_MAX
 
 
-def test_a_connection_without_a_ticket_is_greeted_and_closed(pair):
-    ticket = _ticket(pair, CHUNK_SIZE)
-    assert ticket.port and len(ticket.nonce) == data_wire.NONCE_SIZE
-    with socket.create_connection(("127.0.0.1", ticket.port), timeout=10) as s:
-        greeting = data_wire.recv_exact(s, len(data_wire.MAGIC) + data_wire.NONCE_SIZE)
-        assert greeting == data_wire.MAGIC + ticket.nonce
-        s.sendall(os.urandom(data_wire.TICKET_SIZE) + b"x" * 1000)
-        try:
-            answer = s.recv(1)
-        except ConnectionResetError:               # closed with our bytes unread
-            answer = b""
-        assert answer == b""                       # closed, nothing answered
-
-
-def test_a_ticket_lets_in_one_connection_only(pair):
-    data = os.urandom(CHUNK_SIZE + 5)
-    ticket = _ticket(pair, len(data), digests.of(data))
-
-    def send():
-        s = data_wire.connect(pair.addresses[0], ticket.port, ticket.nonce)
-        s.sendall(ticket.ticket)
-        return s
-    with send() as s:
-        s.sendall(data)
-        assert pb.BlobStored.FromString(data_wire.read_reply(s)).refused == ""
-    with send() as s:                              # the same ticket again
-        with pytest.raises(ConnectionError):       # closed: a reset, or no reply
-            s.sendall(data)
-            data_wire.read_reply(s)
-
-
-def test_a_corrupted_buffer_is_refused_and_the_sender_reads_why(pair):
-    data = os.urandom(2 * CHUNK_SIZE)
-    ticket = _ticket(pair, len(data), digests.of(b"something else"))
-    with data_wire.connect(pair.addresses[0], ticket.port, ticket.nonce) as s:
-        s.sendall(ticket.ticket + data)
-        stored = pb.BlobStored.FromString(data_wire.read_reply(s))
-    assert "does not match its xxh3-128 digest" in stored.refused
-
-
-def test_tickets_are_only_for_callers_with_the_token(pair):
-    with pytest.raises(grpc.RpcError) as err:
-        stub(pair.addresses[0], Credentials()).OpenBlob(
-            pb.BlobChunk(blob=pb.BlobRef(digest=bytes(16), size=1)), timeout=30)
-    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
-
-
 def test_something_else_on_the_port_is_sent_nothing(fresh_memory):
     """A port that another program holds (a tunnel to the wrong machine): the
     greeting does not match, and not one byte is sent to it."""
@@ -215,7 +161,7 @@ def test_an_agent_turned_off_or_with_tls_has_no_data_port():
     agents = Agents(1, devices=2, peers=False, extra=["--spare-workers", "0",
                                                       "--data-port", "-1"])
     try:
-        assert _ticket(agents, CHUNK_SIZE).port == 0
+        assert blob_ticket(agents, CHUNK_SIZE).port == 0
         array = np.arange(CHUNK_SIZE + 9, dtype=np.uint8)
 
         @on_agents(agents, accelerator="tpu-v5litepod-4", stream="none")
@@ -292,26 +238,3 @@ def test_a_hung_agent_deep_in_the_forwarding_tree_is_the_one_named(fresh_memory)
     finally:
         os.kill(agents.procs[5].pid, signal.SIGCONT)
         agents.stop()
-
-
-@pytest.mark.slow
-def test_a_connection_that_dribbles_no_ticket_is_closed(pair):
-    """Someone without the token cannot hold the port's connections by sending
-    a byte now and then: the ticket must come whole within 10 s."""
-    import time
-
-    port = _ticket(pair, CHUNK_SIZE).port
-    start = time.monotonic()
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        data_wire.recv_exact(s, len(data_wire.MAGIC) + data_wire.NONCE_SIZE)
-        s.settimeout(2)
-        closed = False
-        while not closed and time.monotonic() - start < 30:
-            try:
-                s.sendall(b"x")              # one byte of the ticket every 2 s
-                closed = s.recv(1) == b""
-            except socket.timeout:
-                continue
-            except ConnectionError:
-                closed = True
-    assert closed and time.monotonic() - start < 15

@@ -12,7 +12,6 @@ import textwrap
 import threading
 import time
 
-import grpc
 import pytest
 
 import remote_tpu
@@ -218,25 +217,6 @@ def test_stacks_asked_at_any_moment_never_harm_a_job(agents):
 
 
 # ---------------------------------------------------------------- ids, store
-
-def test_a_job_id_with_a_trailing_newline_is_refused(agents):
-    channel = Credentials(token=agents.token).channel(agents.addresses[0])
-    stub = pb_grpc.AgentStub(channel)
-    metadata = ((("x-remote-tpu-token", agents.token)),)
-    for bad in ("job\n", "job\r\n", "\njob"):
-        with pytest.raises(grpc.RpcError) as info:
-            stub.Status(pb.JobRef(job_id=bad), metadata=metadata, timeout=10)
-        assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    from remote_tpu._core.versions import versions_pb
-    spec = pb.JobSpec(client_versions=versions_pb(), job_id="job\n", accelerator="tpu-v5litepod-4",
-                      num_hosts=1, role=pb.ROLE_GATEWAY, payload_size=0,
-                      payload_digest=b"\0" * 16, stream=pb.STREAM_MODE_LEADER)
-    with pytest.raises(grpc.RpcError) as info:
-        stub.Submit(iter([pb.RunRequest(spec=spec)]), metadata=metadata, timeout=10)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "is not valid" in info.value.details()
-    channel.close()
-
 
 def test_the_store_is_owner_only_and_env_values_stay_out_of_replies(agents):
     @_on(agents, env={"MY_API_KEY": "sk-very-secret-value"})

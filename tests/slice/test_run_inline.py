@@ -10,11 +10,9 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import Agents, on_agents
+from conftest import on_agents
 from remote_tpu import _client
 from remote_tpu_agent.jobs.views import VALUE_IN_END_BYTES
-from remote_tpu._core import digests
-from remote_tpu._core.channels import Credentials, stub
 from remote_tpu._core.limits import INLINE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
@@ -63,14 +61,6 @@ class _OlderAgent:
         self.channel.close()
 
 
-def _run_inline(agents: Agents, spec: pb.JobSpec) -> grpc.RpcError:
-    credentials = Credentials(token=agents.token)
-    with pytest.raises(grpc.RpcError) as raised:
-        list(stub(agents.addresses[0], credentials).RunInline(
-            pb.RunRequest(spec=spec), metadata=credentials.metadata))
-    return raised.value
-
-
 def test_a_small_call_and_a_large_one_both_run(agents):
     call = on_agents(agents, stream="none")(lambda a: int(a.sum()))
     assert call(np.ones(4, np.uint8)) == 4                          # inside its spec
@@ -92,26 +82,6 @@ def test_an_agent_without_run_inline_is_called_with_run(agents):
     finally:
         older.stop()
         _client._without_run_inline.discard(older.address)
-
-
-def test_run_inline_refuses_a_peer_s_call_and_a_payload_not_inside(agents):
-    from remote_tpu._core.versions import versions_pb
-
-    spec = pb.JobSpec(client_versions=versions_pb(), job_id="inline-peer",
-                      accelerator="tpu-v5litepod-8", num_hosts=2, role=pb.ROLE_PEER,
-                      process_id=1, coordinator_address="127.0.0.1:1",
-                      stream=pb.STREAM_MODE_NONE, payload_size=3,
-                      payload_digest=b"\0" * digests.SIZE, payload=b"abc")
-    error = _run_inline(agents, spec)
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "gateway jobs only" in error.details()
-
-    spec.role, spec.job_id, spec.num_hosts = pb.ROLE_GATEWAY, "inline-outside", 1
-    spec.accelerator = "tpu-v5litepod-4"
-    spec.ClearField("payload")                 # announced, not inside
-    error = _run_inline(agents, spec)
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "inside its JobSpec" in error.details()
 
 
 def _pickled_of_size(size: int) -> bytes:

@@ -22,67 +22,25 @@ import remote_tpu
 from certs import CA
 from conftest import Agents, free_port, is_idle_spare, terminate_all, wait_until
 from package_index import PackageIndex
+from raw_calls import marking, marks, payload_spec, raw_stub, run_raw
 from remote_tpu._core.auth import TOKEN_METADATA_KEY, new_token
-from remote_tpu._core import digests
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
-from remote_tpu._core.channels import Credentials, error_from_rpc, health, shared_channel
-from remote_tpu._core.versions import versions_pb
+from remote_tpu._core.channels import Credentials, health, shared_channel
 from remote_tpu._script import run_command
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def _marks(tmp_path):
-    return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ran-on-"))
-
-
-def _marking(tmp_path, **run_kwargs):
-    @remote_tpu.run(**run_kwargs)
-    def leave_mark():
-        import jax
-        (tmp_path / f"ran-on-{jax.process_index()}").touch()
-        return "ran"
-    return leave_mark
-
-
-@pytest.fixture(scope="module")
-def slice_a():
-    agents = Agents(2)
-    yield agents
-    agents.stop()
-
-
 # ----------------------------------------------------------------- tokens
 
 
-@pytest.mark.parametrize("token", [None, "wrong-token-0123456789", "other"])
-def test_client_without_the_slice_token_is_refused_and_nothing_runs(slice_a, tmp_path, token):
-    if token == "other":
-        token = new_token()           # a valid token, of another slice
-    f = _marking(tmp_path, accelerator="tpu-v4-16", hosts=slice_a.addresses[0], token=token)
-    with pytest.raises(remote_tpu.AuthenticationError) as info:
-        f()
-    msg = str(info.value)
-    assert "refused this client's credentials" in msg and "REMOTE_TPU_TOKEN" in msg
-    assert "remote-tpu-agent token init" in msg
-    assert _marks(tmp_path) == []
-
-
-def test_health_needs_the_token_too(slice_a):
-    address = slice_a.addresses[0]
-    anonymous = Credentials()
-    with pytest.raises(remote_tpu.AuthenticationError):
-        health(address, anonymous)
-
-
-def test_token_from_environment_and_file(slice_a, tmp_path, monkeypatch):
-    f = _marking(tmp_path, accelerator="tpu-v4-16", hosts=slice_a.addresses[0])
-    monkeypatch.setenv("REMOTE_TPU_TOKEN", slice_a.token)
+def test_token_from_environment_and_file(agents, tmp_path, monkeypatch):
+    f = marking(tmp_path, accelerator="tpu-v4-16", hosts=agents.addresses[0])
+    monkeypatch.setenv("REMOTE_TPU_TOKEN", agents.token)
     assert f() == "ran"
     monkeypatch.delenv("REMOTE_TPU_TOKEN")
     token_file = tmp_path / "token"
-    token_file.write_text(slice_a.token + "\n")
+    token_file.write_text(agents.token + "\n")
     token_file.chmod(0o644)
     monkeypatch.setenv("REMOTE_TPU_TOKEN_FILE", str(token_file))
     with pytest.raises(remote_tpu.ConfigurationError, match="chmod 600"):
@@ -95,7 +53,7 @@ def test_token_from_environment_and_file(slice_a, tmp_path, monkeypatch):
 def test_gateway_with_another_slices_token_is_refused_by_the_peer(tmp_path):
     agents = Agents(2, tokens=[new_token(), new_token()])
     try:
-        f = _marking(tmp_path, accelerator="tpu-v4-16", hosts=agents.addresses[0],
+        f = marking(tmp_path, accelerator="tpu-v4-16", hosts=agents.addresses[0],
                      token=agents.tokens[0])
         with pytest.raises(remote_tpu.JobFailedError) as info:
             f()
@@ -104,7 +62,7 @@ def test_gateway_with_another_slices_token_is_refused_by_the_peer(tmp_path):
         assert f"agent at {agents.addresses[1]} cannot take the job" in str(err)
         assert "refused this client's credentials" in str(err)
         assert "host 0: never started" in str(err)
-        assert _marks(tmp_path) == []      # not even the gateway's own host ran it
+        assert marks(tmp_path) == []      # not even the gateway's own host ran it
     finally:
         agents.stop()
 
@@ -168,21 +126,21 @@ def test_tls_client_verifies_the_agent_against_its_ca(pki, tmp_path):
     agents = _tls_agents(pki, mtls=False)
     try:
         kw = dict(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0], token=agents.token)
-        ok = _marking(tmp_path, tls=remote_tpu.TLS(ca=str(pki["ca"].path)), **kw)
+        ok = marking(tmp_path, tls=remote_tpu.TLS(ca=str(pki["ca"].path)), **kw)
         assert ok() == "ran"
-        forged = _marking(tmp_path, tls=remote_tpu.TLS(ca=str(pki["rogue"].path)), **kw)
+        forged = marking(tmp_path, tls=remote_tpu.TLS(ca=str(pki["rogue"].path)), **kw)
         with pytest.raises(remote_tpu.AgentUnavailableError,
                            match="the TLS handshake with the agent at .* failed") as err:
             forged()
         assert "CERTIFICATE_VERIFY_FAILED" in str(err.value)
         assert "names the CA that signed the agent's certificate" in str(err.value)
-        plaintext = _marking(tmp_path, **kw)       # said at once, not retried for 15 s
+        plaintext = marking(tmp_path, **kw)       # said at once, not retried for 15 s
         start = time.monotonic()
         with pytest.raises(remote_tpu.AgentUnavailableError, match="speaks TLS") as err:
             plaintext()
         assert time.monotonic() - start < 10
         assert "tls=remote_tpu.TLS(ca=...)" in str(err.value)
-        assert _marks(tmp_path) == ["ran-on-0"]
+        assert marks(tmp_path) == ["ran-on-0"]
     finally:
         agents.stop()
 
@@ -201,14 +159,14 @@ def test_mutual_tls_refuses_clients_without_a_certificate_from_the_ca(pki, tmp_p
                           "a certificate it does not accept")):
             start = time.monotonic()
             with pytest.raises(remote_tpu.AuthenticationError, match=why) as err:
-                _marking(tmp_path, tls=tls, **kw)()
+                marking(tmp_path, tls=tls, **kw)()
             assert time.monotonic() - start < 10
             assert "cert=..., key=..." in str(err.value)
             with pytest.raises(remote_tpu.AuthenticationError, match=why):   # (multislice,
                 health(agents.addresses[0], Credentials(agents.token, tls))   # version)
-        assert _marks(tmp_path) == []
+        assert marks(tmp_path) == []
         cert, key = pki["client"]
-        assert _marking(tmp_path, tls=remote_tpu.TLS(ca=ca, cert=cert, key=key), **kw)() == "ran"
+        assert marking(tmp_path, tls=remote_tpu.TLS(ca=ca, cert=cert, key=key), **kw)() == "ran"
     finally:
         agents.stop()
 
@@ -261,13 +219,13 @@ def test_insecure_agent_on_all_interfaces_still_demands_the_token(tmp_path):
         token_file = config / "remote_tpu" / "token"
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
         assert stat.S_IMODE(token_file.parent.stat().st_mode) == 0o700
-        channel, stub = _stub(address)
+        channel, stub = raw_stub(address)
         with channel:
             with pytest.raises(grpc.RpcError) as info:
                 stub.Health(pb.HealthRequest(), timeout=10)
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
             with pytest.raises(grpc.RpcError) as info:
-                list(stub.Run(iter([pb.RunRequest(spec=_spec(b"x"))]), timeout=10))
+                list(stub.Run(iter([pb.RunRequest(spec=payload_spec(b"x"))]), timeout=10))
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
             token = token_file.read_text().strip()
             reply = stub.Health(pb.HealthRequest(), timeout=10,
@@ -336,7 +294,7 @@ def test_refused_calls_name_their_peer_and_repeats_are_counted_not_logged(tmp_pa
         relays = [_From(source, ("127.0.0.1", port)) for source in ("127.0.0.1", "127.0.0.2")]
 
         def knock(address: str) -> None:
-            channel, stub = _stub(address)
+            channel, stub = raw_stub(address)
             with channel:
                 for _ in range(1000):
                     with pytest.raises(grpc.RpcError) as info:
@@ -475,7 +433,7 @@ def test_require_tls_refuses_plaintext_beyond_loopback(monkeypatch, tmp_path):
     assert "refusing to connect without TLS ($REMOTE_TPU_REQUIRE_TLS=1)" in msg
     assert address in msg and "slice token" in msg and "tls=remote_tpu.TLS(ca=...)" in msg
     assert "SSH tunnel to 127.0.0.1" in msg
-    f = _marking(tmp_path, accelerator="tpu-v5litepod-4", hosts=address, token=new_token())
+    f = marking(tmp_path, accelerator="tpu-v5litepod-4", hosts=address, token=new_token())
     with pytest.raises(remote_tpu.ConfigurationError, match="refusing to connect without TLS"):
         f()
     monkeypatch.setenv("REMOTE_TPU_REQUIRE_TLS", "sometimes")
@@ -527,27 +485,6 @@ def test_plaintext_warnings_go_to_stderr_and_the_agent_log_once(tmp_path):
 # ------------------------------------------------------- hostile input
 
 
-def _stub(address):
-    channel = grpc.insecure_channel(address)
-    return channel, pb_grpc.AgentStub(channel)
-
-
-def _run_raw(address, token, requests):
-    channel, stub = _stub(address)
-    with channel:
-        return list(stub.Run(iter(requests), metadata=((TOKEN_METADATA_KEY, token),)))
-
-
-def _spec(payload: bytes, **fields) -> pb.JobSpec:
-    spec = pb.JobSpec(client_versions=versions_pb(), job_id=f"raw-{time.monotonic_ns()}",
-                      accelerator="tpu-v5litepod-4", role=pb.ROLE_GATEWAY,
-                      stream=pb.STREAM_MODE_LEADER, payload_size=len(payload),
-                      payload_digest=digests.of(payload))
-    for k, v in fields.items():
-        setattr(spec, k, v)
-    return spec
-
-
 @pytest.fixture(scope="module")
 def lone_agent():
     agents = Agents(1, peers=False)
@@ -564,59 +501,14 @@ def _works(agents) -> bool:
 @pytest.mark.slow
 def test_garbage_pickle_is_a_clear_error_naming_the_host_and_the_agent_carries_on(lone_agent):
     garbage = b"RTPU this is not a pickle at all"
-    events = _run_raw(lone_agent.addresses[0], lone_agent.token,
-                      [pb.RunRequest(spec=_spec(garbage)), pb.RunRequest(payload_chunk=garbage)])
+    events = run_raw(lone_agent.addresses[0], lone_agent.token,
+                      [pb.RunRequest(spec=payload_spec(garbage)), pb.RunRequest(payload_chunk=garbage)])
     end = events[-1].end
     assert end.state == pb.JOB_STATE_FAILED and end.root_cause_host == 0
     exc = end.hosts[0].exception
     assert exc.type_name.endswith("SerializationError")
     assert "not a remote_tpu envelope" in exc.message
     assert _works(lone_agent)
-
-
-def test_wrong_digest_truncated_and_oversize_payloads_are_refused(lone_agent, tmp_path):
-    address, token = lone_agent.addresses[0], lone_agent.token
-    payload = b"x" * 1000
-    cases = [
-        ([pb.RunRequest(spec=_spec(payload, payload_digest=bytes(16))),
-          pb.RunRequest(payload_chunk=payload)], "does not match its xxh3-128 digest"),
-        ([pb.RunRequest(spec=_spec(payload)), pb.RunRequest(payload_chunk=payload[:10])],
-         "payload truncated: got 10 of 1000 bytes"),
-        ([pb.RunRequest(spec=_spec(payload)), pb.RunRequest(payload_chunk=payload * 2)],
-         "longer than the announced 1000 bytes"),
-        ([pb.RunRequest(spec=_spec(payload, payload_size=1 << 40))],
-         "over this agent's limit"),
-        ([pb.RunRequest(spec=_spec(payload, stream=77))], "unknown stream mode 77"),
-        ([pb.RunRequest(spec=_spec(payload, role=9))], "unknown role 9"),
-        ([pb.RunRequest(payload_chunk=payload)], "must start with a JobSpec"),
-        ([pb.RunRequest(spec=_spec(payload, payload_digest=b""))], "no xxh3-128 digest"),
-    ]
-    refused_ids = set()
-    for requests, message in cases:
-        if requests[0].HasField("spec"):
-            refused_ids.add(requests[0].spec.job_id)
-        with pytest.raises(grpc.RpcError) as info:
-            _run_raw(address, token, requests)
-        assert message in str(error_from_rpc(info.value, address)), message
-    with pytest.raises(grpc.RpcError) as info:    # one message over the size limit
-        _run_raw(address, token, [pb.RunRequest(payload_chunk=b"y" * (5 << 20))])
-    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    state = lone_agent.state_dirs[0]
-    kept = {name.rsplit(".", 1)[0] for name in os.listdir(os.path.join(state, "jobs"))}
-    assert not kept & refused_ids, "a refused job left a record"
-    assert not os.listdir(os.path.join(state, "incoming")), "a refused payload was left"
-
-
-def test_client_payload_over_the_agents_limit_says_so(tmp_path):
-    agents = Agents(1, peers=False, extra=["--max-payload-bytes", "100000"])
-    try:
-        f = remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=agents.addresses[0],
-                           token=agents.token)(len)
-        with pytest.raises(remote_tpu.ConfigurationError, match="over this agent's limit of "
-                                                                "100000 bytes"):
-            f(b"z" * 200_000)
-    finally:
-        agents.stop()
 
 
 def _rss(agents) -> int:
@@ -634,7 +526,7 @@ def test_fuzzing_the_agent_port_leaves_it_up_and_bounded(lone_agent):
     raw_health = channel.unary_unary("/remote_tpu.v1.Agent/Health",
                                      request_serializer=lambda b: b,
                                      response_deserializer=lambda b: b)
-    valid = pb.RunRequest(spec=_spec(b"", accelerator="tpu-v4-16")).SerializeToString()
+    valid = pb.RunRequest(spec=payload_spec(b"", accelerator="tpu-v4-16")).SerializeToString()
     _works(lone_agent)
     rss_before = _rss(lone_agent)
     deadline = time.monotonic() + 60
@@ -764,10 +656,10 @@ def test_no_process_the_agent_starts_sees_its_secrets(tmp_path, monkeypatch):
         environs["worker"] = run(_own_environ)()
         run(run_command)(["sh", "-c", f"cat /proc/$$/environ > {seen}/exec"])
         environs["exec command"] = _parse_environ((seen / "exec").read_bytes())
-        other = _spec(b"", accelerator="tpu-v5litepod-4")
+        other = payload_spec(b"", accelerator="tpu-v5litepod-4")
         other.client_versions.python = "3.4.10"     # the agent looks for a Python 3.4
         with pytest.raises(grpc.RpcError):
-            _run_raw(agents.addresses[0], agents.token, [pb.RunRequest(spec=other)])
+            run_raw(agents.addresses[0], agents.token, [pb.RunRequest(spec=other)])
         probes = sorted(seen.glob("probe.*"))
         assert probes, "the agent did not probe the interpreter it was told of"
         environs["interpreter probe"] = _parse_environ(probes[0].read_bytes())
