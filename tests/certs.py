@@ -6,6 +6,7 @@ import datetime
 import ipaddress
 import pathlib
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -59,3 +60,15 @@ class CA:
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         _write_key(key_path, key)
         return str(cert_path), str(key_path)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A slice's CA with an agent's and a client's certificates, and a rogue
+    CA with a client certificate of its own: {"ca", "rogue", "server",
+    "client", "rogue_client"} (certificates as (cert, key) paths)."""
+    d = tmp_path_factory.mktemp("pki")
+    ca, rogue = CA(d, "slice-ca"), CA(d, "rogue-ca")
+    return {"ca": ca, "rogue": rogue, "server": ca.issue("agent", server=True),
+            "client": ca.issue("client", server=False),
+            "rogue_client": rogue.issue("rogue-client", server=False)}

@@ -10,6 +10,9 @@ The tests stand in tiers, one folder each:
   slices; every test there is ``slow``, by its folder (a hook below).
 
 ``-m "not slow"`` runs the first two; ``scripts/test.sh`` runs them all.
+Test modules need names unique across the tiers (pytest imports each by its
+bare name).
+
 These helpers (and certs, gcs_emulator, metadata_server, package_index and
 raw_calls beside them) are imported by every tier: ``from conftest import ...``.
 """
@@ -135,6 +138,27 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def write_file(root, rel: str, data: bytes | str = b"", mode: int | None = None) -> str:
+    """``data`` written to ``root/rel`` (directories made on the way), with
+    permission bits ``mode`` if given; its path."""
+    path = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    if mode is not None:
+        os.chmod(path, mode)
+    return path
+
+
+def own_ip() -> str | None:
+    """An IPv4 address of this machine beyond loopback, if it has one."""
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
 
 
 class Agents:
@@ -340,6 +364,13 @@ def pair():
 
 
 @pytest.fixture
+def fresh_memory(monkeypatch):
+    """This process has not yet found any data port unreachable."""
+    from remote_tpu._core import data_wire
+    monkeypatch.setattr(data_wire, "_unusable", {})
+
+
+@pytest.fixture
 def slice_factory():
     """Agents started by the test itself, when it needs its own (to kill or
     restart them, or with flags of its own): ``slice_factory(2, extra=[...])``
@@ -446,6 +477,14 @@ def tpu_files(tmp_path):
     device = tmp_path / "accel0"
     device.write_text("")
     return lock, device
+
+
+def kill_process(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` if it still runs, reap it and close its stdout."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    proc.stdout.close()
 
 
 def terminate_all(procs: list[subprocess.Popen], timeout: float = 15) -> None:

@@ -89,6 +89,12 @@ def tpu_vm(worker: int, hosts: list[str], accelerator: str, tpu_env: str = "",
     }, **kw)
 
 
+def multislice_env(slice_id: int, coordinator: str, num: int = 2) -> str:
+    """The lines a multislice queued resource adds to a VM's tpu-env."""
+    return (f"MEGASCALE_NUM_SLICES: '{num}'\nMEGASCALE_SLICE_ID: '{slice_id}'\n"
+            f"MEGASCALE_COORDINATOR_ADDRESS: '{coordinator}:8080'\n")
+
+
 class MetadataSlice:
     """Agents on 127.0.0.2, 127.0.0.3, ... (``first_ip`` = 2; one port, like
     TPU VMs), each told who it is only by its own metadata stand-in."""

@@ -178,3 +178,22 @@ def test_several_processes_per_host_across_agents(agents):
         spread(3)
     assert any("raised on process 3 of 4" in note for note in info.value.__notes__)
     assert wait_until(lambda: not live_workers(), 5)
+
+
+def test_the_agent_refuses_a_max_log_bytes_too_small_for_a_record(tmp_path):
+    """Each host's log is kept in parts of an eighth of --max-log-bytes, each
+    holding at least one record (5 bytes of framing and its data)."""
+    import subprocess
+    import sys
+
+    MIN_LOG_BYTES = 512
+    def start(size: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--print-slice",
+                               "--worker-id", "0", "--peers", "127.0.0.1:1",
+                               "--max-log-bytes", size], capture_output=True, text=True,
+                              timeout=60)
+    refused = start(str(MIN_LOG_BYTES - 1))
+    assert refused.returncode == 2
+    assert f"--max-log-bytes must be at least {MIN_LOG_BYTES}" in refused.stderr
+    assert f"got {MIN_LOG_BYTES - 1}" in refused.stderr
+    assert start(str(MIN_LOG_BYTES)).returncode == 0

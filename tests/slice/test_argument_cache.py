@@ -490,20 +490,3 @@ def test_a_peer_whose_cache_is_too_small_for_the_call_says_what_to_raise(
     assert small_cache.addresses[1] in text and f"--cache-bytes {CACHE // 2:,}" in text
     assert f"--cache-bytes {CACHE // 2 + 1} or more" in text
     assert "call again" not in text
-
-
-def test_a_cache_says_when_a_calls_buffers_can_never_all_be_in_it(tmp_path):
-    from remote_tpu._core.proto import remote_tpu_pb2 as pb
-    from remote_tpu_agent.host.blobs import BlobCache
-
-    cache = BlobCache(str(tmp_path / "cache"), CACHE)
-    try:
-        refs = [pb.BlobRef(digest=bytes([i]) * 16, size=CACHE // 2) for i in range(2)]
-        assert cache.too_small(refs + refs[:1]) == ""          # exactly: (one counted once)
-        refs[1].size += 1                                        # one byte past
-        assert cache.too_small(refs) == (
-            f"its argument cache (--cache-bytes {CACHE:,}) is smaller than the "
-            f"{CACHE + 1:,} bytes of buffers the call needs there at once: start it with "
-            f"--cache-bytes {CACHE + 1} or more (give every agent of a slice the same)")
-    finally:
-        cache.close()

@@ -1,6 +1,7 @@
-"""retries= on real agents: a worker that dies, a host its metadata calls
-preempted; the caller's own retries and a submitted job's gateway's, with
-the attempts listed in the job's status."""
+"""retries= on real agents: a worker that dies, a function that fails, a host
+that vanishes or that its metadata calls preempted; the caller's own retries
+and a submitted job's gateway's, with the attempts listed in the job's
+status. The rules without agents: tests/unit/test_retries.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from conftest import Agents, wait_until
 from metadata_server import MetadataSlice
 from remote_tpu._core.exceptions import JobFailedError
 from remote_tpu._retries import Retries
-from test_retries import _on
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -165,99 +165,62 @@ def test_a_peer_that_refuses_the_gateway_is_not_retried(capfd):
         mixed.stop()
 
 
-def test_a_gateway_never_reached_is_not_retried_but_one_lost_later_is(capfd):
-    from remote_tpu._core.exceptions import AgentUnavailableError
-    from remote_tpu._retries import run
+def _on(agents, **kw):
+    return remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0],
+                          token=agents.token, init_jax=False, stream="none", **kw)
 
-    calls = []
 
-    def never_there(attempt, earlier):
-        calls.append(attempt)
-        raise AgentUnavailableError("no remote_tpu agent answered at 10.0.0.9:8475")
+def _flaky(until: int):
+    """Raises on its first attempts; returns the attempt that worked."""
+    import os
+    attempt = int(os.environ["REMOTE_TPU_ATTEMPT"])
+    if attempt < until:
+        raise RuntimeError(f"attempt {attempt} broke")
+    return attempt
 
-    with pytest.raises(AgentUnavailableError):
-        run(Retries(preemptions=5, backoff=0), never_there)
-    assert calls == [0] and "retrying" not in capfd.readouterr().err     # a wrong address
 
-    def lost_then_back(attempt, earlier):
-        calls.append(attempt)
-        if attempt == 1:
-            raise AgentUnavailableError("the gateway went away")   # reached once: a loss
+def test_a_failure_is_retried_as_often_as_allowed(agents, capfd):
+    fn = _on(agents, retries=Retries(failures=2, backoff=0))(_flaky)
+    assert fn(2) == 2
+    err = capfd.readouterr().err
+    assert err.count("retrying") == 2
+    assert re.search(r"ended by a failure \(host \d raised builtins.RuntimeError: attempt 0 broke",
+                     err), err
+    with pytest.raises(RuntimeError, match="attempt 2 broke") as info:
+        fn(3)
+    notes = "".join(info.value.__notes__)
+    assert "earlier attempts ended by" in notes and "attempt 0 broke" in notes
+    capfd.readouterr()
+    with pytest.raises(RuntimeError, match="attempt 0 broke"):
+        _on(agents, retries=Retries(preemptions=5, backoff=0))(_flaky)(1)   # failures: 0
+    assert "retrying" not in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_host_that_vanishes_is_a_preemption_retried_until_it_is_back(agents, tmp_path, capfd):
+    started = tmp_path / "started"
+
+    def long_job(marker):
+        import os
+        import time
+        attempt = int(os.environ["REMOTE_TPU_ATTEMPT"])
         if attempt == 0:
-            raise _ended_by_a_lost_host()
-        return [a.kind for a in earlier]
+            open(marker, "w").close()
+            time.sleep(60)                 # host 1's agent is killed meanwhile
+        return attempt
 
-    calls.clear()
-    assert run(Retries(preemptions=5, backoff=0), lost_then_back) == ["preemption"] * 2
-    assert calls == [0, 1, 2]
+    def kill_and_restart():
+        deadline = time.time() + 60
+        while not started.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        agents.procs[1].send_signal(signal.SIGKILL)
+        time.sleep(1)
+        agents.restart(1)
 
-
-def _ended_by_a_lost_host() -> Exception:
-    from remote_tpu._core.proto import remote_tpu_pb2 as pb
-
-    exc = JobFailedError("host 1 lost")
-    exc.remote_tpu_end = pb.JobEnd(state=pb.JOB_STATE_LOST, root_cause_host=1, hosts=[
-        pb.HostReport(host=0), pb.HostReport(host=1, state=pb.HOST_STATE_LOST)])
-    return exc
-
-
-def test_every_worker_is_told_its_attempt_even_without_retries():
-    from remote_tpu._core.proto import remote_tpu_pb2 as pb
-    from remote_tpu_agent.worker.environment import worker_env
-
-    def attempt(**kw):
-        spec = pb.JobSpec(job_id="j", accelerator="tpu-v4-16", num_hosts=2, **kw)
-        return worker_env({}, spec=spec, process_id=0, coordinator="h:1",
-                          simulate_devices=2)["REMOTE_TPU_ATTEMPT"]
-
-    assert attempt() == "0"                     # a warm worker never keeps an earlier one
-    assert attempt(retries=pb.RetryPolicy(failures=1), attempt=2) == "2"
-    assert attempt(env={"REMOTE_TPU_ATTEMPT": "3"}) == "3"       # the caller's own count
-
-
-def test_a_cancel_while_an_attempt_winds_down_is_not_lost(tmp_path):
-    """The window between an attempt's end and its backoff: the scheduler
-    still holds the job, so a cancel ends it instead of the next attempt."""
-    from remote_tpu._core.proto import remote_tpu_pb2 as pb
-    from remote_tpu_agent.gateway.scheduler import Scheduler
-    from remote_tpu_agent.jobs.store import JobStore
-
-    ended, go_on, runs = threading.Event(), threading.Event(), []
-
-    class Winding:
-        """A job whose end is reported before its run() has wound down."""
-        n, session_id = 1, ""
-
-        def __init__(self, record):
-            self.record = record
-
-        def cancel(self, reason, state=pb.JOB_STATE_CANCELLED):
-            pass
-
-        def kept_session(self, store):
-            return None
-
-        def run(self):
-            runs.append(self.record.spec.attempt)
-            yield pb.Event(end=pb.JobEnd(state=pb.JOB_STATE_FAILED, root_cause_host=0, hosts=[
-                pb.HostReport(host=0, state=pb.HOST_STATE_FAILED, detail="boom")]))
-            if len(runs) == 1:
-                ended.set()
-                go_on.wait(10)
-
-    store = JobStore(str(tmp_path))
-    scheduler = Scheduler(lambda record, warm: Winding(record))
-    spec = pb.JobSpec(job_id="j1", accelerator="tpu-v4-8", num_hosts=1, role=pb.ROLE_GATEWAY,
-                      retries=pb.RetryPolicy(failures=3, backoff_seconds=0.2,
-                                             backoff_max_seconds=0.2))
-    record, _ = store.create(spec, pb.ROLE_GATEWAY)
-    try:
-        scheduler.submit(record)
-        assert ended.wait(10)
-        assert scheduler.cancel("j1", "cancelled on request")
-        go_on.set()
-        assert wait_until(lambda: record.finished, 10)
-        assert record.status.phase == pb.JOB_PHASE_CANCELLED and runs == [0]
-    finally:
-        go_on.set()
-        scheduler.shutdown("test over")
+    helper = threading.Thread(target=kill_and_restart, daemon=True)
+    helper.start()
+    fn = _on(agents, retries=Retries(preemptions=10, failures=0, backoff=0.5, backoff_max=2))
+    assert fn(long_job)(str(started)) >= 1
+    helper.join(30)
+    assert "ended by a preemption" in capfd.readouterr().err
+    assert os.path.exists(started)

@@ -14,7 +14,6 @@ import psutil
 import pytest
 
 from conftest import Agents, alive, on_agents, wait_until
-from remote_tpu_agent.worker.spares import fits
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -49,21 +48,6 @@ def lone(slice_factory):
 
 def _on(agents, **kw):
     return on_agents(agents, stream="none", **kw)
-
-
-def test_only_variables_read_after_start_up_may_differ_from_the_spares():
-    spare = {"PATH": "/bin", "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
-    job = {**spare, "JAX_COORDINATOR_ADDRESS": "10.0.0.2:1", "JAX_PROCESS_ID": "3",
-           "JAX_NUM_PROCESSES": "4", "TPU_VISIBLE_CHIPS": "0", "MY_FLAG": "1"}
-    assert not fits(spare, job)                   # a user's env= may be read at start-up
-    job.pop("MY_FLAG")
-    assert fits(spare, job)                       # per-job variables are read later
-    assert fits(spare, {**job, "REMOTE_TPU_JOB_ID": "j-1", "MEGASCALE_NUM_SLICES": "2"})
-    assert not fits(spare, {**job, "OPENBLAS_NUM_THREADS": "1"})
-    assert not fits(spare, {**job, "XLA_FLAGS": "--xla_dump_to=/tmp/x"})
-    assert not fits(spare, {**job, "JAX_ENABLE_X64": "1"})
-    assert not fits(spare, {**job, "PYTHONPATH": "/opt/mine"})
-    assert not fits(spare, {k: v for k, v in job.items() if k != "JAX_PLATFORMS"})
 
 
 @pytest.mark.slow

@@ -3,24 +3,15 @@ the machine's real TPU lock and devices (issue item 11). A real agent still does
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 
 import pytest
 
 import remote_tpu
-from conftest import Agents, hold_open
-from remote_tpu_agent.host.tpu import NoTpu, TpuGuard
+from conftest import Agents, hold_open, kill_process
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    proc.stdout.close()
 
 
 def _agent(tpu_files, simulate: int, *extra: str) -> Agents:
@@ -33,26 +24,6 @@ def _agent(tpu_files, simulate: int, *extra: str) -> Agents:
 # ------------------------------------------------------------ the guard itself
 
 
-def test_for_agent_picks_a_guard_that_touches_nothing_when_simulating(tpu_files):
-    lock, device = tpu_files
-    simulated = TpuGuard.for_agent(2, str(lock), (str(device),), True)
-    real = TpuGuard.for_agent(0, str(lock), (str(device),), False)
-    assert isinstance(simulated, NoTpu) and type(real) is TpuGuard
-    assert (real.lockfile, real.devices) == (str(lock), (str(device),))
-    holder = hold_open(str(lock))
-    try:
-        assert simulated.busy() == ""
-        simulated.prepare()                        # neither raises nor kills
-        simulated.release()
-        assert holder.poll() is None and lock.exists()
-    finally:
-        _stop(holder)
-    lock.write_text("left by a process that died\n")      # stale: nobody holds it
-    simulated.prepare()
-    simulated.release()
-    assert lock.read_text() == "left by a process that died\n"
-    real.release()
-    assert not lock.exists(), "a real agent still removes a stale lock"
     # (That a real agent refuses a live foreign holder is tested end to end below:
     # here the holder is this test's child, which a guard in this process owns.)
 
@@ -80,15 +51,15 @@ def test_a_simulated_agent_runs_while_the_real_tpu_is_locked(tpu_files):
         assert lock_holder.poll() is None and device_holder.poll() is None, \
             "a simulated agent killed the real TPU's holders"
         assert lock.exists()
-        _stop(lock_holder)
-        _stop(device_holder)
+        kill_process(lock_holder)
+        kill_process(device_holder)
         lock.write_text("a real TPU job's lock\n")      # no live holder: looks stale
         assert devices() == (2, "cpu")
         assert lock.read_text() == "a real TPU job's lock\n", \
             "a simulated agent removed the real TPU's lock file"
     finally:
-        _stop(lock_holder)
-        _stop(device_holder)
+        kill_process(lock_holder)
+        kill_process(device_holder)
         agents.stop()
 
 
@@ -111,7 +82,7 @@ def test_an_agent_that_does_not_simulate_still_guards_the_tpu(tpu_files):
         assert "--kill-tpu-holders" in str(info.value)
         assert holder.poll() is None and lock.exists()
     finally:
-        _stop(holder)
+        kill_process(holder)
         agents.stop()
 
 

@@ -432,25 +432,6 @@ def test_a_first_record_at_the_heads_size_or_one_past_it(tmp_path, extra, head_r
     assert host_log.end() == 400 + (FRAME + 1) * extra
 
 
-def test_the_agent_refuses_a_max_log_bytes_too_small_for_a_record(tmp_path):
-    """Each host's log is kept in parts of an eighth of --max-log-bytes, each
-    holding at least one record (5 bytes of framing and its data)."""
-    import subprocess
-    import sys
-
-    MIN_LOG_BYTES = 512
-    def start(size: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "remote_tpu_agent", "--print-slice",
-                               "--worker-id", "0", "--peers", "127.0.0.1:1",
-                               "--max-log-bytes", size], capture_output=True, text=True,
-                              timeout=60)
-    refused = start(str(MIN_LOG_BYTES - 1))
-    assert refused.returncode == 2
-    assert f"--max-log-bytes must be at least {MIN_LOG_BYTES}" in refused.stderr
-    assert f"got {MIN_LOG_BYTES - 1}" in refused.stderr
-    assert start(str(MIN_LOG_BYTES)).returncode == 0
-
-
 def test_the_store_passes_its_max_log_bytes_to_every_host_log(state):
     store = JobStore(state, max_log_bytes=800)
     try:

@@ -11,20 +11,11 @@ import threading
 
 import pytest
 
-from certs import CA
+from certs import pki  # noqa: F401 - a fixture
 from remote_tpu._core.auth import TLS
 from remote_tpu._core.tls_probe import speaks_tls, tls_refusal
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    ca, rogue = CA(d, "slice-ca"), CA(d, "rogue-ca")
-    return {"ca": ca, "server": ca.issue("agent", server=True),
-            "client": ca.issue("client", server=False),
-            "rogue_client": rogue.issue("rogue-client", server=False)}
 
 
 def _serve(handle) -> str:

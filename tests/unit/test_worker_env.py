@@ -11,6 +11,7 @@ import pytest
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.topology import Topology
 from remote_tpu_agent.worker import child as _worker
+from remote_tpu_agent.worker.spares import fits
 from remote_tpu_agent.worker.environment import (TPU_PROCESS_BASE_PORT, child_environment,
                                           num_processes, processes_per_host,
                                           slice_host_addresses, slice_host_bounds,
@@ -268,3 +269,18 @@ def test_child_environment_keeps_runtime_and_accelerator_variables_only():
     pip = {"PIP_INDEX_URL": "https://mirror/simple", "https_proxy": "http://proxy:3128"}
     assert child_environment({**agent, **pip}, installer=True).items() >= pip.items()
     assert not child_environment({**agent, **pip}).keys() & pip.keys()   # a worker's
+
+
+def test_only_variables_read_after_start_up_may_differ_from_the_spares():
+    spare = {"PATH": "/bin", "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
+    job = {**spare, "JAX_COORDINATOR_ADDRESS": "10.0.0.2:1", "JAX_PROCESS_ID": "3",
+           "JAX_NUM_PROCESSES": "4", "TPU_VISIBLE_CHIPS": "0", "MY_FLAG": "1"}
+    assert not fits(spare, job)                   # a user's env= may be read at start-up
+    job.pop("MY_FLAG")
+    assert fits(spare, job)                       # per-job variables are read later
+    assert fits(spare, {**job, "REMOTE_TPU_JOB_ID": "j-1", "MEGASCALE_NUM_SLICES": "2"})
+    assert not fits(spare, {**job, "OPENBLAS_NUM_THREADS": "1"})
+    assert not fits(spare, {**job, "XLA_FLAGS": "--xla_dump_to=/tmp/x"})
+    assert not fits(spare, {**job, "JAX_ENABLE_X64": "1"})
+    assert not fits(spare, {**job, "PYTHONPATH": "/opt/mine"})
+    assert not fits(spare, {k: v for k, v in job.items() if k != "JAX_PLATFORMS"})

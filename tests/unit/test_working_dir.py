@@ -1,5 +1,6 @@
 """working_dir=: a project tree on every host, sent by content, each call
-starting from the caller's files."""
+starting from the caller's files. The client's and the agent's sides on their
+own; on real agents: tests/slice/test_working_dir_on_agents.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import os
 import pytest
 
 import remote_tpu
-from remote_tpu import _blobs, _workdir
-from remote_tpu._core import digests
+from conftest import write_file
+from remote_tpu import _workdir
 from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent.host import working_dirs as _workdirs
@@ -18,173 +19,14 @@ from remote_tpu_agent.host import working_dirs as _workdirs
 pytestmark = pytest.mark.timeout(180)
 
 
-def write(root, rel: str, data: bytes | str = b"", mode: int | None = None) -> str:
-    path = os.path.join(root, rel)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-    if mode is not None:
-        os.chmod(path, mode)
-    return path
-
-
-@pytest.fixture
-def project(tmp_path):
-    root = str(tmp_path / "project")
-    write(root, "config.json", '{"lr": 0.1}')
-    write(root, "data/train.txt", "one\ntwo\n")
-    write(root, "helper.py", "def answer():\n    return 42\n")
-    write(root, "empty.txt")                                   # 0 bytes
-    write(root, ".gitignore", "build/\n*.log\n")
-    write(root, "build/out.bin", b"\0" * 100)                  # ignored: build/
-    write(root, "run.log", "noise")                            # ignored: *.log
-    write(root, "data/.gitignore", "*.tmp\n!keep.tmp\n")       # a nested one, with a negation
-    write(root, "data/scratch.tmp", "x")                       # ignored there
-    write(root, "data/keep.tmp", "kept")                       # ... but not this one
-    write(root, ".remote_tpu_ignore", "secrets.env\n")
-    write(root, "secrets.env", "TOKEN=1")
-    write(root, ".git/HEAD", "ref: refs/heads/main")           # never sent
-    return root
-
-
-def _on(agents, root, **kw):
-    return remote_tpu.run(accelerator="tpu-v4-16", hosts=agents.addresses[0],
-                          token=agents.token, working_dir=root, init_jax=False,
-                          stream="none", **kw)
-
-
-def _tree_seen():
-    """What a host sees: cwd, its files, the config, a module from the tree."""
-    import json
-    import os
-    import sys
-
-    import helper
-    files = sorted(os.path.relpath(os.path.join(d, f), ".") for d, _, fs in os.walk(".")
-                   for f in fs if "__pycache__" not in d)
-    return {"cwd": os.getcwd(), "first_on_path": sys.path[0] == os.getcwd(), "files": files,
-            "config": json.load(open("config.json")), "answer": helper.answer()}
-
-
-def test_the_tree_reaches_every_host_and_an_unchanged_one_is_not_sent_again(agents, project):
-    @_on(agents, project)
-    def seen():
-        return _tree_seen()
-
-    before = _blobs.sent_bytes[0]
-    first = seen()
-    sent = _blobs.sent_bytes[0] - before
-    assert first["config"] == {"lr": 0.1} and first["answer"] == 42
-    assert first["first_on_path"]
-    assert first["files"] == [".gitignore", ".remote_tpu_ignore", "config.json",
-                              "data/.gitignore", "data/keep.tmp", "data/train.txt",
-                              "empty.txt", "helper.py"]
-    tree, _ = _workdir.describe(project)
-    assert os.path.basename(first["cwd"]) == tree.digest.hex()
-    assert sent == sum(b.size for b in tree.blobs) > 0
-    again_before = _blobs.sent_bytes[0]
-    again = seen()
-    assert _blobs.sent_bytes[0] == again_before                 # nothing sent the second time
-    assert again == first
-
-
-def test_a_changed_file_is_sent_again_and_what_a_call_changed_is_undone(agents, project):
-    @_on(agents, project)
-    def meddle():
-        import os
-        before = open("data/train.txt").read()
-        open("config.json", "w").write("{}")                 # changed,
-        os.remove("helper.py")                                # removed,
-        os.makedirs("made/deep")                              # and added
-        open("made/deep/new.txt", "w").write("new")
-        return before
-
-    assert meddle() == "one\ntwo\n"
-    write(project, "data/train.txt", "three\n")
-    before = _blobs.sent_bytes[0]
-
-    @_on(agents, project)
-    def look():
-        return _tree_seen()
-
-    seen = look()
-    assert 0 < _blobs.sent_bytes[0] - before < 100             # the small files' pack only
-    assert seen["config"] == {"lr": 0.1} and seen["answer"] == 42
-    assert "made/deep/new.txt" not in seen["files"] and not os.path.exists(
-        os.path.join(seen["cwd"], "made"))
-    assert open(os.path.join(seen["cwd"], "data", "train.txt")).read() == "three\n"
-
-
-def test_large_files_travel_alone_and_keep_their_mode(agents, tmp_path):
-    root = str(tmp_path / "big")
-    big = os.urandom(3 << 20)
-    write(root, "weights.bin", big)
-    write(root, "tool.sh", "#!/bin/sh\necho tool says hi\n", mode=0o755)
-    tree, buffers = _workdir.describe(root)
-    assert [b.size for b in tree.blobs] == [len("#!/bin/sh\necho tool says hi\n"), 3 << 20]
-
-    @_on(agents, root)
-    def use():
-        import subprocess
-        from remote_tpu._core import digests
-        out = subprocess.run(["./tool.sh"], capture_output=True, text=True).stdout
-        return out, digests.of(open("weights.bin", "rb").read())
-
-    assert use() == ("tool says hi\n", digests.of(big))
-
-
-def test_a_warm_worker_moving_to_another_tree_imports_its_modules_anew(agents, tmp_path):
-    first, second = str(tmp_path / "v1"), str(tmp_path / "v2")
-    write(first, "helper.py", "def answer():\n    return 1\n")
-    write(second, "helper.py", "def answer():\n    return 2\n")
-
-    def answer():
-        import os
-
-        import helper
-        return helper.answer(), os.getpid()
-
-    one = _on(agents, first, keep_warm=60)(answer)()
-    two = _on(agents, second, keep_warm=60)(answer)()
-    remote_tpu.release(hosts=agents.addresses[0], token=agents.token)
-    assert (one[0], two[0]) == (1, 2)
-    assert one[1] == two[1]                                    # the same warm worker
-
-
-def test_an_oversize_tree_names_its_largest_files_and_sends_nothing(agents, tmp_path):
-    root = str(tmp_path / "huge")
-    with open(write(root, "dataset.bin"), "wb") as f:
-        f.truncate(_workdir.LIMIT_BYTES + 1)                    # sparse: no disk used
-    write(root, "train.py", "print('hi')\n")
-    before = _blobs.sent_bytes[0]
-    with pytest.raises(ConfigurationError) as err:
-        _on(agents, root)(lambda: 1)()
-    assert "dataset.bin" in str(err.value) and ".remote_tpu_ignore" in str(err.value)
-    assert "over its 512.0 MiB limit" in str(err.value)
-    assert _blobs.sent_bytes[0] == before
-    write(root, ".remote_tpu_ignore", "*.bin\n")              # as the message says
-    assert _on(agents, root)(lambda: sorted(__import__("os").listdir(".")))() == [
-        ".remote_tpu_ignore", "train.py"]
-
-
 def test_a_tree_exactly_at_the_limit_passes(tmp_path):
     root = str(tmp_path / "edge")
-    with open(write(root, "a.bin"), "wb") as f:
+    with open(write_file(root, "a.bin"), "wb") as f:
         f.truncate(1000)
     assert _workdir.scan(root)[0].size == 1000
     _workdir._check_size(root, _workdir.scan(root), 1000)
     with pytest.raises(ConfigurationError, match="over its"):
         _workdir._check_size(root, _workdir.scan(root), 999)
-
-
-def test_an_empty_tree_and_bad_options(agents, tmp_path):
-    empty = str(tmp_path / "empty")
-    os.makedirs(empty)
-    assert _on(agents, empty)(lambda: __import__("os").listdir("."))() == []
-    with pytest.raises(ConfigurationError, match="is not a directory"):
-        _on(agents, str(tmp_path / "missing"))
-    with pytest.raises(ConfigurationError, match="must be a path"):
-        _on(agents, 42)
 
 
 # ------------------------------------------------------- the agent's side alone
@@ -259,16 +101,16 @@ def test_what_git_would_send_is_sent(tmp_path):
              ("/top.txt\n", ["top.txt", "sub/top.txt"], [".gitignore", "sub/top.txt"])]
     for i, (rules, files, sent) in enumerate(cases):
         root = str(tmp_path / f"case{i}")
-        write(root, ".gitignore", rules)
+        write_file(root, ".gitignore", rules)
         for f in files:
-            write(root, f, "x")
+            write_file(root, f, "x")
         assert [f.rel for f in _workdir.scan(root)] == sent, rules
 
 
 def test_links_travel_as_what_they_point_to_and_loops_end(tmp_path):
     root = tmp_path / "linked"
-    write(str(tmp_path), "outside/lib/mod.py", "X = 1\n")
-    write(str(root), "main.py", "")
+    write_file(str(tmp_path), "outside/lib/mod.py", "X = 1\n")
+    write_file(str(root), "main.py", "")
     os.symlink(tmp_path / "outside" / "lib", root / "lib")
     os.symlink(root, root / "loop")                             # a loop: walked once
     os.symlink(tmp_path / "gone", root / "dangling")
@@ -278,7 +120,7 @@ def test_links_travel_as_what_they_point_to_and_loops_end(tmp_path):
 
 def test_a_link_to_a_directory_in_the_tree_keeps_both_paths(tmp_path):
     root = str(tmp_path / "aliased")
-    write(root, "data/x.txt", "x")
+    write_file(root, "data/x.txt", "x")
     os.symlink("data", os.path.join(root, "alias"))           # sorts before its target
     os.symlink("data", os.path.join(root, "zalias"))          # and after it
     assert [f.rel for f in _workdir.scan(root)] == ["alias/x.txt", "data/x.txt",
@@ -294,7 +136,7 @@ def test_a_link_to_a_directory_in_the_tree_keeps_both_paths(tmp_path):
 
 def test_a_link_to_an_ancestor_is_cut_saying_so(tmp_path):
     root = str(tmp_path / "looped")
-    write(root, "sub/f.txt", "f")
+    write_file(root, "sub/f.txt", "f")
     os.symlink("..", os.path.join(root, "sub", "up"))          # sub/up/sub/up/...
     with pytest.warns(UserWarning, match=r"sub/up.* leads back to .*looped.* not followed"):
         assert [f.rel for f in _workdir.scan(root)] == ["sub/f.txt"]
@@ -302,7 +144,7 @@ def test_a_link_to_an_ancestor_is_cut_saying_so(tmp_path):
 
 def test_names_the_hosts_cannot_write_are_refused_naming_the_file(tmp_path):
     root = str(tmp_path / "names")
-    write(root, "a\\b.txt", "x")
+    write_file(root, "a\\b.txt", "x")
     with pytest.raises(ConfigurationError, match="backslash"):
         _workdir.scan(root)
     os.unlink(os.path.join(root, "a\\b.txt"))
@@ -314,8 +156,8 @@ def test_names_the_hosts_cannot_write_are_refused_naming_the_file(tmp_path):
 
 def test_an_agent_undoes_chmods_and_quiet_rewrites_and_read_only_directories(tmp_path):
     root = str(tmp_path / "src")
-    write(root, "pkg/a.txt", "aaaa")
-    write(root, "b.txt", "bb")
+    write_file(root, "pkg/a.txt", "aaaa")
+    write_file(root, "b.txt", "bb")
     tree, buffers = _workdir.describe(root)
     blobs = [_write_blob(tmp_path, i, bytes(b.data())) for i, b in enumerate(buffers)]
     dirs = _workdirs.WorkingDirs(str(tmp_path / "trees"))
@@ -326,7 +168,7 @@ def test_an_agent_undoes_chmods_and_quiet_rewrites_and_read_only_directories(tmp
     with open(b, "w") as f:
         f.write("XX")                                           # same size ...
     os.utime(b, ns=(before.st_atime_ns, before.st_mtime_ns))   # ... and mtime
-    write(placed, "pkg/out.txt", "made by the job")
+    write_file(placed, "pkg/out.txt", "made by the job")
     os.chmod(os.path.join(placed, "pkg"), 0o555)                # a read-only directory
     assert dirs.place(tree, blobs, job="job-1") == placed       # the same job: left alone
     assert open(b).read() == "XX"
