@@ -210,9 +210,7 @@ def test_a_host_that_vanishes_is_a_preemption_retried_until_it_is_back(agents, t
         return attempt
 
     def kill_and_restart():
-        deadline = time.time() + 60
-        while not started.exists() and time.time() < deadline:
-            time.sleep(0.05)
+        wait_until(started.exists, timeout=60)
         agents.procs[1].send_signal(signal.SIGKILL)
         time.sleep(1)
         agents.restart(1)

@@ -143,8 +143,17 @@ def test_timeout_shows_where_each_host_is_stuck(pair):
 
     handle = stuck_on_host_1.submit()
     assert wait_until(lambda: len(_workers_of(handle.id)) == 2, 60)
-    time.sleep(2.5)
-    live = handle.stacks()
+    live = {}
+
+    def settled() -> bool:
+        """Host 0 waits in the collective, host 1 loops: where they stay."""
+        try:
+            live.update(handle.stacks())
+        except remote_tpu.RemoteTPUError:          # not running yet
+            return False
+        return ("sync_global_devices" in live.get(0, "")
+                and "stuck_on_host_1" in live.get(1, ""))
+    assert wait_until(settled, timeout=5, interval=0.25), live
     assert "stuck_on_host_1" in live[1] and "time.sleep" not in live[0]
     assert "sync_global_devices" in live[0]
     with pytest.raises(remote_tpu.JobTimeoutError) as info:

@@ -162,10 +162,13 @@ def test_a_call_cancelled_while_its_peers_lane_is_black_holed_stops_within_2_s(s
     assert wait_until(lambda: _lane_open(slice_), timeout=10)
     handle = step.submit(60)                          # this caller's: on the lane
     assert wait_until(lambda: handle.status().state == "RUNNING", timeout=30)
-    time.sleep(1)
-    workers = [p for a in slice_.procs for p in psutil.Process(a.pid).children()
-               if p.name() == "rtpu-worker"]
-    assert len(workers) == 2
+
+    def named_workers() -> list[psutil.Process]:
+        """(A worker names itself rtpu-worker once it has its call.)"""
+        return [p for a in slice_.procs for p in psutil.Process(a.pid).children()
+                if p.name() == "rtpu-worker"]
+    assert wait_until(lambda: len(named_workers()) == 2, timeout=10)
+    workers = named_workers()
     with dropping(slice_.data_ports[1]):
         start = time.monotonic()
         threading.Thread(target=handle.cancel, daemon=True).start()   # (waits for the end)

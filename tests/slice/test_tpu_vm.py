@@ -16,7 +16,7 @@ import time
 import pytest
 
 import remote_tpu
-from conftest import ROOT, hold_open
+from conftest import ROOT, hold_open, wait_until
 from metadata_server import MetadataSlice, TpuApiStandIn, tpu_node, tpu_vm
 from remote_tpu._core.auth import TOKEN_ENV, new_token
 from remote_tpu._core.exceptions import ConfigurationError
@@ -283,7 +283,7 @@ def test_a_preempted_host_ends_the_job_preempted():
 
         handle = long_step.submit()
         assert handle.status().state in ("QUEUED", "RUNNING")
-        time.sleep(2)
+        assert wait_until(lambda: handle.status().state == "RUNNING", timeout=30)
         vm.servers[1].instance["preempted"] = "TRUE"     # GCE takes worker 1 back ...
         vm.procs[1].send_signal(signal.SIGTERM)          # ... and shuts the VM down
         status = handle.wait(20)

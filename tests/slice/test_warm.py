@@ -326,8 +326,13 @@ def test_a_warm_calls_stacks_show_every_host_and_its_session_has_no_value(slice_
     nap(0)
     handle = nap.submit(60)
     assert wait_until(lambda: handle.status().state == "RUNNING", timeout=30)
-    time.sleep(0.5)
-    stacks = handle.stacks()
+    stacks = {}
+
+    def both_in_nap() -> bool:
+        stacks.clear()
+        stacks.update(handle.stacks())
+        return len(stacks) == 2 and all("in nap" in text for text in stacks.values())
+    assert wait_until(both_in_nap, timeout=10, interval=0.2), stacks
     assert sorted(stacks) == [0, 1]
     assert all("in nap" in text for text in stacks.values()), stacks
     handle.cancel()

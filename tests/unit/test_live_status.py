@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 import time
 
+from conftest import wait_until
+
 
 def test_a_phase_shows_once_it_lasts_and_its_progress_updates_it(capsys):
     from remote_tpu import _status
@@ -17,13 +19,17 @@ def test_a_phase_shows_once_it_lasts_and_its_progress_updates_it(capsys):
     assert capsys.readouterr().err == ""                     # not yet: under a second
     started = time.monotonic() - 2
     status.uploading(300_000_000, 1_000_000_000, started)    # a new phase: its own second
-    time.sleep(1.5)
-    assert "remote_tpu: uploading 300.0 MB of 1.0 GB (150.0 MB/s)" in capsys.readouterr().err
+    said: list[str] = []
+
+    def shown(pattern: str) -> bool:
+        said.append(capsys.readouterr().err)
+        return re.search(pattern, "".join(said)) is not None
+    assert wait_until(lambda: shown(r"remote_tpu: uploading 300\.0 MB of 1\.0 GB "
+                                    r"\(150\.0 MB/s\)"), timeout=5), said
+    said.clear()
     status.started(4)
-    time.sleep(1.5)
-    err = capsys.readouterr().err
-    assert re.search(r"remote_tpu: 4 processes started, initializing JAX; no output yet "
-                     r"\[[12] s\]", err), err
+    assert wait_until(lambda: shown(r"remote_tpu: 4 processes started, initializing JAX; "
+                                    r"no output yet \[[12] s\]"), timeout=5), said
     status.close()
     assert capsys.readouterr().err.endswith("\r")            # the line erased
     status.phase("remote_tpu: queued behind job-1")          # closed: never again

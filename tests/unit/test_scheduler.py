@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import wait_until
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent.gateway.scheduler import Scheduler
 from remote_tpu_agent.jobs.store import JobStore
@@ -108,10 +109,7 @@ class Jobs:
 
 
 def eventually(predicate, what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.005)
+    assert wait_until(predicate, timeout, interval=0.005), f"not within {timeout} s: {what}"
 
 
 def status(record) -> pb.JobStatus:
