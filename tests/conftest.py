@@ -9,9 +9,10 @@ The tests stand in tiers, one folder each:
 - ``tests/slice``: agents as processes, as a user starts them, and local
   slices; every test there is ``slow``, by its folder (a hook below).
 
-``-m "not slow"`` runs the first two; ``scripts/test.sh`` runs them all.
-Test modules need names unique across the tiers (pytest imports each by its
-bare name).
+``-m "not slow"`` runs the first two; ``scripts/test.sh`` runs them all. A
+test of the first two that starts what its tier does not allow is stopped
+(``_tier_keeps_its_word``). Test modules need names unique across the tiers
+(pytest imports each by its bare name).
 
 These helpers (and certs, gcs_emulator, metadata_server, package_index and
 raw_calls beside them) are imported by every tier: ``from conftest import ...``.
@@ -48,6 +49,40 @@ def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if str(item.path).startswith(slow):
             item.add_marker(pytest.mark.slow)
+
+
+def _tier(item) -> str:
+    """The tier (folder under tests/) of a test, or ""."""
+    rel = os.path.relpath(str(item.path), TESTS).split(os.sep)
+    return rel[0] if len(rel) > 1 else ""
+
+
+def _starts_an_agent(argv: list[str]) -> bool:
+    """Whether ``argv`` runs an agent: ``-m remote_tpu_agent`` (its
+    submodules, a worker say, are not one) or the ``remote-tpu-agent`` script."""
+    return any(a == "-m" and b == "remote_tpu_agent" for a, b in zip(argv, argv[1:])) or \
+        any(os.path.basename(a) == "remote-tpu-agent" for a in argv[:1])
+
+
+@pytest.fixture(autouse=True)
+def _tier_keeps_its_word(request, monkeypatch):
+    """A test of tests/unit starts no agent, one of tests/agent no process at
+    all: it is refused at once, saying where the test belongs."""
+    tier = _tier(request.node)
+    if tier in ("unit", "agent"):
+        real = subprocess.Popen.__init__
+
+        def checked(self, args, *more, **kw):
+            argv = [args] if isinstance(args, (str, bytes)) else [str(a) for a in args]
+            if _starts_an_agent(argv):
+                raise AssertionError(f"a test in tests/{tier} started an agent, {argv[:4]}: "
+                                     "tests that start agents belong in tests/slice")
+            if tier == "agent":
+                raise AssertionError(f"a test in tests/agent started {argv[:4]}: this tier "
+                                     "starts no process (tests/unit may start a plain one)")
+            real(self, args, *more, **kw)
+        monkeypatch.setattr(subprocess.Popen, "__init__", checked)
+    yield
 
 
 def job_processes() -> list[psutil.Process]:
