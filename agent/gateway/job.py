@@ -38,6 +38,7 @@ from remote_tpu_agent.gateway.warm import ParkedWakes, WarmSession, new_session_
 from remote_tpu_agent.gateway.preflight import preflight
 from remote_tpu_agent.gateway.peer_process import RemoteHost
 from remote_tpu_agent.gateway.root_cause import root_cause
+from remote_tpu_agent.worker.handle import ProcessHandle
 from remote_tpu_agent.worker.run import WorkerRun
 from remote_tpu_agent.worker.spares import Spares
 from remote_tpu_agent.host.tpu import TpuGuard
@@ -106,7 +107,7 @@ class GatewayJob:
             RemoteHost(host=s.process_id, address=address, spec=s, payload=payload,
                        emit=self.events.put, credentials=peer_credentials)
             for address, s in self._peer_specs]
-        self.handles = [*self.locals, *self.remotes]
+        self.handles: list[ProcessHandle] = [*self.locals, *self.remotes]
         self.reports = [pb.HostReport(host=i, state=pb.HOST_STATE_PENDING)
                         for i in range(self.n)]
         self.done: set[int] = set()
@@ -341,7 +342,7 @@ class GatewayJob:
                                              hosts=self.reports,
                                              result_digest=self.local.result_digest))
 
-    def _settle_hosts(self, handles: Sequence) -> Iterator[pb.Event]:
+    def _settle_hosts(self, handles: Sequence[ProcessHandle]) -> Iterator[pb.Event]:
         """Wait for these released hosts to exit; stop those that do not."""
         wanted = {h.host for h in handles}
         yield from self._await(wanted, _SETTLE_SECONDS, forward=True)

@@ -35,9 +35,7 @@ _DIRECT_BYTES = 64 << 10
 class RemoteHost:
     """Forwards the job to one peer agent and relays its events.
 
-    Same interface as :class:`~remote_tpu_agent.worker.run.WorkerRun`: ``start``,
-    ``next_call``, ``release``, ``cancel``, ``close``, ``stop``, ``parked``;
-    ``finished`` is set once the call's ``exited`` event has been emitted.
+    A ``worker.handle.ProcessHandle``, as a ``WorkerRun`` is.
     """
 
     def __init__(self, *, host: int, address: str, spec: pb.JobSpec, payload: bytes | str,

@@ -50,7 +50,8 @@ def _ignore(event: pb.Event) -> None:
 
 
 class WorkerRun:
-    """One host's worker for one job (or, warm, for a session's calls)."""
+    """One host's worker for one job (or, warm, for a session's calls): a
+    ``worker.handle.ProcessHandle``."""
 
     def __init__(self, *, host: int, call: Call, emit: Emit, forward_output: bool,
                  cancel_grace: float = 1.0, warm: bool = False,
