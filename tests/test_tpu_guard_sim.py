@@ -63,7 +63,7 @@ def test_for_agent_picks_a_guard_that_touches_nothing_when_simulating(tpu_files)
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_simulated_agent_runs_while_the_real_tpu_is_locked(tpu_files):
-    """Fails until AgentService builds its guard with TpuGuard.for_agent."""
+    """Fails until the agent (server.parts) builds its guard with TpuGuard.for_agent."""
     lock, device = tpu_files
     # --kill-tpu-holders too: even then a simulated agent must not touch the holders.
     agents = _agent(tpu_files, 2, "--kill-tpu-holders")
