@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 Emit = Callable[[pb.Event], None]
 # Once the worker's process group is gone its pipes end at once, unless a
 # process that left the group (setsid) holds them.
-_ESCAPED_HOLDER_WAIT = 2.0      # below the gateway's _SETTLE_SECONDS
+_ESCAPED_HOLDER_WAIT = 2.0      # below the gateway's SETTLE_SECONDS (gateway.ending)
 # What a parked warm worker prints between calls (a thread of the user's) is
 # kept for the next call, up to this much; beyond it is counted and said.
 _PARKED_OUTPUT_BYTES = 1 << 20
