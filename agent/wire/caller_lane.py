@@ -1,9 +1,9 @@
 """A caller's lane: a warm session's caller sends its next calls to the gateway
 on one plain TCP connection (the gateway's data port) instead of ``RunInline``.
 
-A gRPC call costs the caller about 0.8 ms of CPU and the gateway about as much
-(measured in ``benchmarks/transport_floor.py``): most of a warm call's cost on
-the caller's side. The caller asks for a lane (``JobSpec.offer_lane``); a call
+A gRPC call costs the caller, and the gateway as much, more CPU than the rest
+of a warm call on the caller's side (figures: benchmarks/README.md, from
+``benchmarks/transport_floor.py``). The caller asks for a lane (``JobSpec.offer_lane``); a call
 that leaves its warm session going ends with a ticket for it (``JobEnd.lane``),
 handed out on the gRPC call, where the token was checked. On the lane:
 

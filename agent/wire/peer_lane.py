@@ -1,10 +1,10 @@
 """A warm session's lane: its calls between the gateway and a peer on one plain
 TCP connection, instead of gRPC messages on the session's open ``Run`` call.
 
-Each gRPC message costs a few hundred microseconds of Python CPU on each side,
-and a warm call sends one to every peer and gets one back: most of a warm call
-on a few hosts, and the gateway's whole cost per peer on many. A frame on a
-socket costs tens of microseconds.
+Each gRPC message costs Python CPU on each side (gRPC's own machinery), and a
+warm call sends one to every peer and gets one back: most of a warm call on a
+few hosts, and the gateway's whole cost per peer on many. A frame on a socket
+costs a small part of that. Figures: benchmarks/README.md.
 
 How it opens: once a peer's worker has parked after the session's first call,
 the peer asks its own data port (``wire.data_port``) for a ticket, and sends it to

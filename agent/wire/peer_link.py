@@ -1,10 +1,11 @@
 """A gateway's link to each of its peers: the peers' parts of cold calls on one
 plain TCP connection per peer, instead of a gRPC ``Run`` call each.
 
-A cold call's ``Run`` to a peer cost the gateway 3-5 ms of CPU per peer
-(Python gRPC's machinery: two threads of its own per call, and every message
-handled in Python), 0.2-0.3 s for a 64-host call, and about as much again
-spread over the peers. A frame on a socket costs tens of microseconds.
+A cold call's ``Run`` to a peer costs the gateway Python gRPC's machinery
+(two threads of its own per call, and every message handled in Python), once
+per peer: the gateway's largest cost on a slice of many hosts, and about as
+much again spread over the peers. A frame on a socket costs a small part of
+that. Figures: benchmarks/README.md.
 
 The gateway's end is here; the peer's is ``wire.peer_link_server``.
 

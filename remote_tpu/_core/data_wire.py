@@ -1,10 +1,9 @@
 """Bulk bytes on a plain TCP connection (an agent's data port), beside gRPC.
 
-Python gRPC copies each message several times on its way: moving 1 GiB costs
-about 1 s of CPU on each side, and a slice's agents move a large argument once
-per host. On a plain socket the kernel's copy is all (``sendfile`` from a
-cached file, ``recv_into`` the destination): 0.2 s to send a GiB here, 0.6 s
-to receive it into a file.
+Python gRPC copies each message several times on its way, on each side, and
+a slice's agents move a large argument once per host. On a plain socket the
+kernel's copy is all (``sendfile`` from a cached file, ``recv_into`` the
+destination). Figures: benchmarks/README.md.
 
 An agent without TLS listens on a data port. A transfer is asked for over gRPC
 first, where the token is checked; the agent answers with its port, its nonce
