@@ -77,7 +77,7 @@ def _broken_config(tmp_path: pathlib.Path, page: str) -> pathlib.Path:
     ("# Home\n\nSee [the guide](no-such-page.md).\n", "no-such-page.md"),
     ("# Home\n\nSee [options](#no-such-anchor).\n", "no-such-anchor"),
     ("# Home\n\n::: remote_tpu.no_such_name\n", "remote_tpu.no_such_name"),
-])
+], ids=["page", "anchor", "api-name"])
 def test_the_strict_build_fails_on_a_broken_link_or_reference(tmp_path, page, said):
     _require_docs_tools()
     proc = _build(_broken_config(tmp_path, page), tmp_path / "site")
