@@ -57,7 +57,12 @@ class _Cancel:
 
 
 class GatewayJob:
-    """One job, seen from its gateway."""
+    """One job, seen from its gateway: set up across hosts, started, and its
+    events fed to its ``JobEnding``.
+
+    Why over 200 lines: a cold job and a warm session's call share the set-up
+    and the loop, and differ in a few lines of each step; split by the two,
+    every step would be written twice."""
 
     def __init__(self, *, spec: pb.JobSpec, hosts: Sequence[str], job_dir: str,
                  payload: bytes | str, advertise: str,

@@ -36,6 +36,11 @@ class RemoteHost:
     """Forwards the job to one peer agent and relays its events.
 
     A ``worker.handle.ProcessHandle``, as a ``WorkerRun`` is.
+
+    Why over 200 lines: it still carries three ways to the peer (the link, a
+    warm session's lane, gRPC ``Run``) and the fallbacks between them; it is
+    split when those become one framed transport (issue 32 item 2), where
+    each way's code leaves it.
     """
 
     def __init__(self, *, host: int, address: str, spec: pb.JobSpec, payload: bytes | str,

@@ -37,6 +37,14 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler(WarmScheduling):
+    """One job at a time on the slice, first come first served (see the
+    module's docstring); warm sessions' part: ``WarmScheduling``.
+
+    Why over 200 lines: the queue, a job's cancel wherever it is (queued,
+    preparing, running, between attempts) and the serving loop share one lock
+    and one notion of "the job now"; the retries' back-off is a few lines of it.
+    """
+
     def __init__(self, make_job: Callable[[JobRecord, WarmSession | None], GatewayJob],
                  output_interval: float = 30.0) -> None:
         self._make_job = make_job

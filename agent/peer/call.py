@@ -57,6 +57,11 @@ def pin(host: Host, spec: pb.JobSpec) -> tuple[list[str] | None, str]:
 class PeerCall:
     """This host's part of one gateway call (a warm session's calls included).
 
+    Why over 200 lines (near 300, a third of it docstrings): one call's life (prepared,
+    run, a warm session's next calls on gRPC or on the lane) whose methods,
+    run by four threads, share its state; split, that state would be passed
+    around again as it was before this class.
+
     ``pinned``: the current call's large buffers pinned here; the caller
     unpins what is left in it once ``events()`` is over. ``runs``: where the
     worker run is registered while it lives (for ``Stacks``)."""

@@ -51,7 +51,12 @@ def _ignore(event: pb.Event) -> None:
 
 class WorkerRun:
     """One host's worker for one job (or, warm, for a session's calls): a
-    ``worker.handle.ProcessHandle``."""
+    ``worker.handle.ProcessHandle``.
+
+    Why over 200 lines: the process's start (or a spare adopted), its call
+    and a warm session's next ones, its outcome and its exit change one
+    report under one lock, from four threads; its output pipes are apart
+    (``worker.run_output``)."""
 
     def __init__(self, *, host: int, call: Call, emit: Emit, forward_output: bool,
                  cancel_grace: float = 1.0, warm: bool = False,
