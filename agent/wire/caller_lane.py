@@ -42,9 +42,8 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_CANCEL,
-                                   data_wire.CALL_LANE_EVENT, data_wire.CALL_LANE_END,
-                                   data_wire.CALL_LANE_ERROR)
+CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL, data_wire.CANCEL, data_wire.EVENT,
+                                   data_wire.END, data_wire.ERROR)   # (protos/: FrameKind)
 
 # A lane no call came on for this long is closed (each holds one of the data
 # port's connections): the caller's next call goes on gRPC, and is offered a new one.

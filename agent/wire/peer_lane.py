@@ -41,9 +41,9 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-CALL = 1          # gateway -> peer: a JobSpec, payload inside
-CANCEL = 2        # gateway -> peer: stop the worker (no body)
-EVENT = 3         # peer -> gateway: an Event of the call
+CALL = data_wire.CALL          # gateway -> peer: a JobSpec, payload inside
+CANCEL = data_wire.CANCEL      # gateway -> peer: stop the worker (no body)
+EVENT = data_wire.EVENT        # peer -> gateway: an Event of the call
 
 
 SILENCE_SECONDS = 10.0

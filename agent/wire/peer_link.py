@@ -58,13 +58,10 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_CANCEL,
-                                   data_wire.CALL_LANE_EVENT, data_wire.CALL_LANE_END,
-                                   data_wire.CALL_LANE_ERROR)
-REQUEST = 6
-HEALTH = 7            # gateway -> peer: no body; the peer answers with
-HEALTH_REPLY = 8      # peer -> gateway: its HealthReply, as ``Health`` would
-LINKED = 9            # peer -> gateway, first: the link is served (not refused: lanes full)
+CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL, data_wire.CANCEL, data_wire.EVENT,
+                                   data_wire.END, data_wire.ERROR)   # (protos/: FrameKind)
+REQUEST, HEALTH, HEALTH_REPLY, LINKED = (data_wire.REQUEST, data_wire.HEALTH,
+                                         data_wire.HEALTH_REPLY, data_wire.LINKED)
 
 SILENCE_SECONDS = 10.0
 RETRY_SECONDS = 60.0          # a peer whose link could not be opened: gRPC until then

@@ -213,12 +213,11 @@ def recv_exact(sock: socket.socket, n: int, within: float | None = None) -> byte
     return bytes(buf)
 
 
-# A caller's lane (agent/wire/caller_lane.py, remote_tpu/_call_lane.py): its frames' kinds.
-CALL_LANE_CALL = 1     # caller -> gateway: a RunRequest, its spec with the payload inside
-CALL_LANE_CANCEL = 2   # caller -> gateway: cancel the running call
-CALL_LANE_EVENT = 3    # gateway -> caller: an Event of the call
-CALL_LANE_END = 4      # gateway -> caller: the call's events are over
-CALL_LANE_ERROR = 5    # gateway -> caller: the call was refused (JSON: code, details, kind)
+# Every lane's and link's frame kinds: one numbering, in protos/ (``FrameKind``).
+CALL, CANCEL, EVENT, END, ERROR = (pb.FRAME_KIND_CALL, pb.FRAME_KIND_CANCEL, pb.FRAME_KIND_EVENT,
+                                   pb.FRAME_KIND_END, pb.FRAME_KIND_ERROR)
+REQUEST, HEALTH, HEALTH_REPLY, LINKED = (pb.FRAME_KIND_REQUEST, pb.FRAME_KIND_HEALTH,
+                                         pb.FRAME_KIND_HEALTH_REPLY, pb.FRAME_KIND_LINKED)
 
 
 # What reading a lane's frames may raise when its other end broke it or sent
@@ -227,7 +226,7 @@ FRAME_ERRORS = (OSError, ValueError, DecodeError)
 
 
 class LaneError(grpc.RpcError):
-    """What a call on a lane was refused with (``CALL_LANE_ERROR``), or how the
+    """What a call on a lane was refused with (``ERROR``), or how the
     lane failed it, said as a gRPC error says it."""
 
     def __init__(self, code: grpc.StatusCode, details: str, kind: str = "") -> None:
@@ -244,7 +243,7 @@ class LaneError(grpc.RpcError):
         return ((ERROR_KIND_KEY, self._kind),) if self._kind else ()
 
     def body(self) -> bytes:
-        """As a ``CALL_LANE_ERROR`` frame's body."""
+        """As a ``ERROR`` frame's body."""
         return json.dumps({"code": self._code.name, "details": self._details,
                            "kind": self._kind}).encode()
 
