@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import socket
 import sys
 import time
@@ -23,19 +22,15 @@ from ._core.channels import BlobsMissing
 from ._core.limits import INLINE_BYTES
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
-from ._core.user_source import SHOW_SDK_FRAMES, show_sdk_frames
 from ._core.versions import versions_pb
 from ._jobs import JobHandle
-from ._options import RunOptions
+from ._option_checks import job_stem
+from ._options import RunOptions, spec_fields
 from ._outcome import outcome, result_request
 from ._render import OutputRenderer
 from ._status import LiveStatus
 from ._core.limits import upload_deadline
 from ._target import Target, resolve_target
-
-_STREAM_MODES = {"leader": pb.STREAM_MODE_LEADER, "all": pb.STREAM_MODE_ALL,
-                 "none": pb.STREAM_MODE_NONE}
-
 
 _client_id = ("", 0)
 
@@ -51,8 +46,7 @@ def client_id() -> str:
 
 
 def new_job_id(name: str) -> str:
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:40].strip("-._") or "job"
-    return f"{stem}-{uuid.uuid4().hex[:12]}"
+    return f"{job_stem(name)}-{uuid.uuid4().hex[:12]}"
 
 
 def _requests(spec: pb.JobSpec, payload: Payload,
@@ -99,42 +93,18 @@ def _target(options: RunOptions) -> Target:
                           tls=options.tls)
 
 
-def _job_env(options: RunOptions) -> dict[str, str]:
-    """The variables the function sees on every host: ``env=``, and the switch
-    that shows the SDK's own frames where it is set here."""
-    env = dict(options.env)
-    if show_sdk_frames():
-        env.setdefault(SHOW_SDK_FRAMES, os.environ[SHOW_SDK_FRAMES])
-    return env
-
-
 def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
           trees: _trees.Trees, attempt: int = 0, earlier: list | None = None,
           submitted: bool = False) -> pb.JobSpec:
     """The job's spec, once the gateway holds its ``trees`` (working_dir=,
     local Data); with retries=, REMOTE_TPU_ATTEMPT says which attempt it is."""
-    topology = options.topology
-    jt = options.jax_timeouts
     tree, data = _trees.send(target, trees)
     spec = pb.JobSpec(
-        client_versions=versions_pb(), job_id=job_id, accelerator=topology.name,
-        num_hosts=topology.hosts * options.num_slices, num_slices=options.num_slices,
-        role=pb.ROLE_GATEWAY, hosts=target.hosts,
-        stream=_STREAM_MODES[options.stream], env=_job_env(options),
-        timeout_seconds=options.timeout or 0.0,
-        jax_timeouts=pb.JaxTimeouts(initialization_seconds=jt.initialization,
-                                    heartbeat_seconds=jt.heartbeat,
-                                    shutdown_seconds=jt.shutdown),
-        payload_size=payload.nbytes, devices_per_host=topology.devices_per_host,
-        payload_digest=payload.digest(), processes_per_host=options.processes_per_host,
-        keep_warm_seconds=options.keep_warm, client_id=client_id(),
-        skip_jax_init=not options.init_jax, working_dir=tree,
-        output_dir=options.output_dir if options.output_dir.startswith("gs://") else "",
-        collect_outputs=bool(options.output_dir) and not options.output_dir.startswith("gs://"),
-        requirements=list(options.requirements),
-        allow_jax_requirements=options.allow_jax_requirements,
-        data=data, gcs_data=trees.gcs, keep_going=options.keep_going,
-        profile_seconds=options.profile,
+        **spec_fields(options),           # what the options fill themselves (_options)
+        client_versions=versions_pb(), job_id=job_id, role=pb.ROLE_GATEWAY,
+        hosts=target.hosts, payload_size=payload.nbytes, payload_digest=payload.digest(),
+        client_id=client_id(), working_dir=tree, data=data, gcs_data=trees.gcs,
+        keep_going=options.keep_going,
         result_over_data_port=data_wire.worth_trying(target.gateway, target.credentials),
         value_in_end=True,
         offer_lane=bool(options.keep_warm) and not submitted and
