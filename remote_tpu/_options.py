@@ -196,7 +196,7 @@ _SECONDS = "SECONDS"
 OPTIONS: tuple[Option, ...] = (
     Option("accelerator", "str | Topology | None", None, check.accelerator,
            "Cloud TPU accelerator type, e.g. tpu-v5p-32",
-           env="REMOTE_TPU_ACCELERATOR", means="none: it must be given",
+           env="REMOTE_TPU_ACCELERATOR", means="required",
            fields=("topology",),
            spec=Spec(("accelerator", "devices_per_host"), _topology_spec),
            flag=Flag(metavar="TYPE")),

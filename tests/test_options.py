@@ -179,6 +179,17 @@ def test_runs_signature_is_the_tables():
         [(o.name, o.default, o.type, inspect.Parameter.KEYWORD_ONLY) for o in OPTIONS]
 
 
+def test_runs_docstring_has_one_entry_per_option_naming_its_variable():
+    from remote_tpu._options import OPTIONS
+    from remote_tpu._options_doc import docstring_entries
+
+    entries = docstring_entries(remote_tpu.run.__doc__)
+    assert list(entries) == [o.name for o in OPTIONS]
+    for o in OPTIONS:
+        if o.env:
+            assert o.env in entries[o.name], f"{o.name}'s entry does not name {o.env}"
+
+
 def test_run_options_has_the_tables_fields():
     import dataclasses
 
@@ -224,3 +235,28 @@ def test_an_option_that_asks_for_another_does_not_claim_its_error(monkeypatch):
     with pytest.raises(ConfigurationError) as info:
         remote_tpu.run(accelerator="tpu-v4-8")
     assert str(info.value).startswith("REMOTE_TPU_NUM_SLICES='two' (from the environment)")
+
+
+def test_the_options_page_is_what_the_table_makes():
+    import pathlib
+
+    from remote_tpu._options_doc import HEADER, generate
+
+    page = pathlib.Path(__file__).resolve().parent.parent / "docs" / "options.md"
+    text = page.read_text(encoding="utf-8")
+    assert text.splitlines()[0] == HEADER
+    assert text == generate(), ("docs/options.md is stale: regenerate it with "
+                                "`python -m remote_tpu._options_doc`")
+
+
+def test_the_page_generator_writes_and_checks(tmp_path):
+    from conftest import run_python
+
+    page = tmp_path / "options.md"
+    run = "from remote_tpu._options_doc import main; raise SystemExit(main({}))"
+    assert run_python(run.format([f"--output={page}", "--check"])).returncode == 1  # missing
+    assert run_python(run.format([f"--output={page}"])).returncode == 0
+    assert run_python(run.format([f"--output={page}", "--check"])).returncode == 0
+    page.write_text(page.read_text() + "edited by hand\n")
+    stale = run_python(run.format([f"--output={page}", "--check"]))
+    assert stale.returncode == 1 and "python -m remote_tpu._options_doc" in stale.stderr
