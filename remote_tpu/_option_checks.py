@@ -337,7 +337,7 @@ def hosts_text(value: str) -> str | list[str] | None:
 def name_value(text: str) -> tuple[str, str]:
     name, sep, value = text.partition("=")
     if not sep or not name:
-        raise ConfigurationError(f"{text!r}: write NAME=VALUE, e.g. XLA_FLAGS=--xla_dump_to=/tmp")
+        raise ConfigurationError("write NAME=VALUE, e.g. XLA_FLAGS=--xla_dump_to=/tmp")
     return name, value
 
 
@@ -367,8 +367,8 @@ def jax_timeouts_text(text: str) -> JaxTimeouts:
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, raw = item.partition("=")
         if not sep or key.strip() not in keys or not raw.strip().isdigit():
-            raise ConfigurationError(f"{text!r}: write KEY=SECONDS[,KEY=SECONDS...] with KEY "
-                                     f"one of {', '.join(keys)}, e.g. heartbeat=60,shutdown=10")
+            raise ConfigurationError(f"write KEY=SECONDS[,KEY=SECONDS...] with KEY one of "
+                                     f"{', '.join(keys)}, e.g. heartbeat=60,shutdown=10")
         given[key.strip()] = int(raw)
     return JaxTimeouts(**given)
 
@@ -380,5 +380,5 @@ def profile_text(text: str) -> bool | float:
     try:
         return float(text)
     except ValueError:
-        raise ConfigurationError(f"{text!r}: give 'call' (the whole call) or a number of "
-                                 "seconds (its first ones)") from None
+        raise ConfigurationError("give 'call' (the whole call) or a number of seconds (its "
+                                 "first ones)") from None
