@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ._core.exceptions import RemoteTPUError
 from ._core.addresses import HOSTS_ENV
-from ._core.versions import local_versions
+from ._core.versions import __version__, local_versions
 from ._cli_run import add_parsers, hosts_arg as _hosts_arg
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="remote-tpu", description="remote_tpu client tools")
+    p.add_argument("--version", action="version", version=f"remote-tpu {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     v = sub.add_parser("version", help="print client (and, with --hosts, agent) versions")
     v.add_argument("--hosts", default="", help="an agent address to ask as well")
@@ -178,3 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     except RemoteTPUError as exc:
         print(f"remote-tpu: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # stdout's reader is gone (`remote-tpu run x.py | head -1`): a shell's
+        # status for it, and no traceback, now or when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE

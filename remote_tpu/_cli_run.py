@@ -209,6 +209,8 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        raise                                        # stdout's reader left (_cli.main)
     except RemoteError as exc:                       # the script's, not rebuilt here
         _print_script_error(exc)
         return 1

@@ -131,6 +131,13 @@ def test_an_options_message_names_the_flags_that_give_them():
     assert with_flags("nothing of ours") == "nothing of ours"
 
 
+def test_version_flag():
+    proc = run_python("import sys; from remote_tpu._cli import main; "
+                      "sys.argv = ['remote-tpu', '--version']; main()")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"remote-tpu {remote_tpu.__version__}"
+
+
 def test_run_help_shows_examples():
     proc = run_python("from remote_tpu._cli import main; main(['run', '--help'])")
     assert proc.returncode == 0, proc.stderr

@@ -251,3 +251,20 @@ def test_the_accelerator_is_asked_of_an_agent_that_knows_it(slice_, tmp_path):
     assert "does not know its slice's accelerator" in done.stderr
     assert "give --accelerator, e.g. --accelerator tpu-v4-16" in done.stderr
 
+
+@pytest.mark.timeout(120)
+def test_a_closed_stdout_ends_the_command_without_a_traceback(slice_, tmp_path):
+    script = _script(tmp_path, """
+        import time
+        for i in range(400):
+            print("line", i, flush=True)
+            time.sleep(0.05)
+    """)
+    proc = subprocess.Popen([sys.executable, "-m", "remote_tpu", "run", "--no-jax", script],
+                            env=_env(slice_), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline() == "line 0\n"
+    proc.stdout.close()                          # as `| head -1` does
+    err = proc.stderr.read()
+    assert proc.wait(60) == 141, err             # 128 + SIGPIPE, as a shell shows it
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
