@@ -27,7 +27,8 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture
 def fresh_memory(monkeypatch):
     """This process has not yet found any data port unreachable."""
-    monkeypatch.setattr(data_wire, "_unusable", {})
+    monkeypatch.setattr(data_wire, "_unusable", data_wire.Backoff(data_wire.RETRY_AFTER,
+                                                                 data_wire.RETRY_MAX))
 
 
 @pytest.fixture
@@ -102,7 +103,8 @@ def test_a_submitted_jobs_value_over_the_data_port_and_without_it(pair, monkeypa
     def refuse(*args, **kwargs):
         raise ConnectionRefusedError("a firewall")
     monkeypatch.setattr(data_wire.socket, "create_connection", refuse)
-    monkeypatch.setattr(data_wire, "_unusable", {})
+    monkeypatch.setattr(data_wire, "_unusable", data_wire.Backoff(data_wire.RETRY_AFTER,
+                                                                 data_wire.RETRY_MAX))
     assert bytes(handle.result(timeout=120)) == bytes(np.arange(n, dtype=np.uint8))
 
 
@@ -113,8 +115,7 @@ def test_a_data_port_found_unusable_is_tried_again_after_a_back_off(pair, fresh_
     bulk bytes over gRPC for the rest of the process: the data port is tried
     again after a pause, which doubles while it keeps failing, up to a bound,
     and starts afresh once it works."""
-    monkeypatch.setattr(data_wire, "RETRY_AFTER", 1.0)
-    monkeypatch.setattr(data_wire, "RETRY_MAX", 2.0)
+    monkeypatch.setattr(data_wire, "_unusable", data_wire.Backoff(1.0, 2.0))
     address = pair.addresses[0]
     creds = Credentials(token=pair.token)
 
@@ -138,7 +139,7 @@ def test_a_data_port_found_unusable_is_tried_again_after_a_back_off(pair, fresh_
     assert send().refused == ""                     # over the data port again
     assert 1.0 <= fail_then_wait() < 2.0            # (it worked: the pause starts afresh)
     assert fail_then_wait() >= 2.0                  # failed again: twice as long
-    assert 2.0 <= fail_then_wait() < 3.5            # and no longer than RETRY_MAX
+    assert 2.0 <= fail_then_wait() < 3.5            # and no longer than its most
 
 
 def test_a_connection_without_a_ticket_is_greeted_and_closed(pair):
@@ -315,3 +316,27 @@ def test_a_connection_that_dribbles_no_ticket_is_closed(pair):
             except ConnectionError:
                 closed = True
     assert closed and time.monotonic() - start < 15
+
+
+@pytest.mark.timeout(30)
+def test_one_back_off_rule_for_every_way_beside_grpc():
+    """A data port and a peer's link found unusable follow one rule
+    (``data_wire.Backoff``): a first pause, doubling while the way keeps
+    failing, up to a most, afresh once it works; other addresses unaffected."""
+    from remote_tpu_agent.wire import peer_link
+    assert isinstance(data_wire._unusable, data_wire.Backoff)
+    assert isinstance(peer_link._unopened, data_wire.Backoff)
+    backoff = data_wire.Backoff(0.5, 1.0)
+
+    def paused_for() -> float:
+        start = time.monotonic()
+        backoff.failed("a:1")
+        assert not backoff.usable("a:1") and backoff.usable("b:1")
+        assert wait_until(lambda: backoff.usable("a:1"), timeout=5, interval=0.01)
+        return time.monotonic() - start
+
+    assert 0.5 <= paused_for() < 0.95
+    assert paused_for() >= 1.0                  # failed again: twice as long
+    assert 1.0 <= paused_for() < 1.9            # no longer than its most (else 2 s)
+    backoff.worked("a:1")
+    assert 0.5 <= paused_for() < 0.95           # it worked: afresh

@@ -45,7 +45,6 @@ import itertools
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable
 
 import grpc
@@ -65,6 +64,7 @@ REQUEST, HEALTH, HEALTH_REPLY, LINKED = (data_wire.REQUEST, data_wire.HEALTH,
 
 SILENCE_SECONDS = 10.0
 RETRY_SECONDS = 60.0          # a peer whose link could not be opened: gRPC until then
+# (doubling while it keeps failing, up to data_wire.RETRY_MAX: data_wire.Backoff)
 
 ID_BYTES = 4                 # bytes of a call's id, at the start of each frame's body
 
@@ -247,7 +247,7 @@ class GatewayLink:
 
 _links: dict[str, GatewayLink] = {}
 _opening: dict[str, threading.Lock] = {}
-_not_before: dict[str, float] = {}       # peers whose link could not be opened
+_unopened = data_wire.Backoff(RETRY_SECONDS, data_wire.RETRY_MAX)   # links that failed to open
 _lock = threading.Lock()
 
 
@@ -260,11 +260,10 @@ def existing(address: str) -> GatewayLink | None:
 def link_to(address: str, credentials: Credentials) -> GatewayLink | None:
     """The link to the agent at ``address``, opened if need be; None when it
     has none to offer or cannot be reached on its data port (tried again after
-    ``RETRY_SECONDS``)."""
+    ``RETRY_SECONDS``, doubling while it keeps failing: ``data_wire.Backoff``)."""
     if (link := existing(address)) is not None:
         return link
-    if not data_wire.worth_trying(address, credentials) or \
-            time.monotonic() < _not_before.get(address, 0):
+    if not data_wire.worth_trying(address, credentials) or not _unopened.usable(address):
         return None
     with _lock:
         opening = _opening.setdefault(address, threading.Lock())
@@ -274,8 +273,9 @@ def link_to(address: str, credentials: Credentials) -> GatewayLink | None:
         link = _open(address, credentials)
         with _lock:
             if link is None:
-                _not_before[address] = time.monotonic() + RETRY_SECONDS
+                _unopened.failed(address)
             else:
+                _unopened.worked(address)
                 _links[address] = link
         return link
 

@@ -50,10 +50,44 @@ HEARTBEAT_SECONDS = 1.0
 
 RETRY_AFTER = 30.0           # a data port found unusable is left alone this long,
 RETRY_MAX = 600.0            # doubling while it keeps failing, up to this
-# Agents (by address) whose data port could not be used from here lately:
-# when it is worth trying again, and the pause that led there.
-_unusable: dict[str, tuple[float, float]] = {}
-_lock = threading.Lock()
+
+
+class Backoff:
+    """The one rule for a way beside gRPC (a data port, a gateway's link to a
+    peer) that could not be used from here: its address is left alone for a
+    pause, ``first`` seconds, twice the last one while it keeps failing, up to
+    ``most``, and trusted afresh once it works. Addresses whose pause ended
+    long ago are forgotten: the record stays small."""
+
+    def __init__(self, first: float, most: float) -> None:
+        self.first = first
+        self.most = most
+        # address -> (when it is worth trying again, the pause that led there)
+        self._paused: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def usable(self, address: str) -> bool:
+        with self._lock:
+            entry = self._paused.get(address)
+            return entry is None or time.monotonic() >= entry[0]
+
+    def failed(self, address: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for known, (retry_at, _) in list(self._paused.items()):
+                if retry_at + self.most < now:
+                    del self._paused[known]
+            last = self._paused.get(address, (0.0, 0.0))[1]
+            pause = min(self.most, 2 * last) if last else self.first
+            self._paused[address] = (now + pause, pause)
+
+    def worked(self, address: str) -> None:
+        with self._lock:
+            self._paused.pop(address, None)
+
+
+# Agents (by address) whose data port could not be used from here lately.
+_unusable = Backoff(RETRY_AFTER, RETRY_MAX)
 
 
 class Unreachable(Exception):
@@ -74,24 +108,8 @@ def worth_trying(address: str, credentials) -> bool:
 def usable(address: str) -> bool:
     """Whether the data port of the agent at ``address`` is worth asking for:
     not for a while after it could not be reached from this process (each
-    ticket asked for in vain would wait there for a minute)."""
-    with _lock:
-        entry = _unusable.get(address)
-        return entry is None or time.monotonic() >= entry[0]
-
-
-def _found_unusable(address: str) -> None:
-    """Leave the data port at ``address`` alone for a pause: twice the last
-    one while it keeps failing, up to ``RETRY_MAX``. (Addresses whose pause
-    ended long ago are forgotten: the record stays small.)"""
-    now = time.monotonic()
-    with _lock:
-        for known, (retry_at, _) in list(_unusable.items()):
-            if retry_at + RETRY_MAX < now:
-                del _unusable[known]
-        last = _unusable.get(address, (0.0, 0.0))[1]
-        pause = min(RETRY_MAX, 2 * last) if last else RETRY_AFTER
-        _unusable[address] = (now + pause, pause)
+    ticket asked for in vain would wait there for a minute): ``Backoff``."""
+    return _unusable.usable(address)
 
 
 def connect(address: str, port: int, nonce: bytes, io_timeout: float | None = None
@@ -104,10 +122,9 @@ def connect(address: str, port: int, nonce: bytes, io_timeout: float | None = No
         sock = _connect(host, port, nonce, io_timeout)
     except Unreachable as exc:
         if exc.lasting:
-            _found_unusable(address)
+            _unusable.failed(address)
         raise
-    with _lock:
-        _unusable.pop(address, None)        # it works (again)
+    _unusable.worked(address)               # it works (again)
     return sock
 
 
