@@ -96,6 +96,10 @@ class LinkCall:
     def send(self, request: pb.RunRequest) -> bool:
         return not self._ended and self._link.send(REQUEST, self.id, request.SerializeToString())
 
+    def close(self) -> None:
+        """No more requests: a call on a link has no half-close (its end comes
+        from the peer, or from ``cancel``)."""
+
     def cancel(self) -> None:
         """End the call (the peer stops its worker), as gRPC's ``cancel`` does."""
         if self.finish(LaneError(grpc.StatusCode.CANCELLED, "the gateway ended the call")):
