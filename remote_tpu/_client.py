@@ -122,10 +122,14 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
 
 
 def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
-         earlier: list | None = None) -> Any:
+         earlier: list | None = None,
+         started: Callable[[str, Target], None] | None = None) -> Any:
     """Run attached: output shown live, the value returned; the job is cancelled
-    on every host if this call is interrupted or this process goes away."""
+    on every host if this call is interrupted or this process goes away.
+    ``started(job_id, target)``: told each job id before it is sent."""
     target = _target(options)
+    if started is not None:
+        started(job_id, target)
     status = LiveStatus(processes=options.topology.hosts * options.num_slices *
                         options.processes_per_host, jax=options.init_jax)
     # Whether Ctrl-C cancels the call on the slice: "surely" once it went on
@@ -158,6 +162,8 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
             spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,
                          trees, attempt, earlier)
             job_id = spec.job_id
+            if started is not None:
+                started(job_id, target)
             stream = target.call(lambda t: start(t, lane=False), retry=True)
     except BaseException as exc:
         status.close()           # refused or unreachable: the line goes with the call

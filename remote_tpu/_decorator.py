@@ -11,7 +11,8 @@ from ._core.auth import TLS
 from ._core.serialization import Payload
 from ._core.exceptions import ConfigurationError
 from ._core.user_source import cut_sdk_frames
-from ._jobs import JobHandle
+from ._futures import CallJob
+from ._jobs import JobHandle, tag_job
 from ._options import JaxTimeouts, RunOptions, resolve
 from ._core.topology import Topology
 
@@ -23,23 +24,51 @@ class RemoteFunction(Generic[P, R]):
     """A function that runs on every host of a slice when called.
 
     Calling it blocks until every host has finished and returns process 0's
-    value, or re-raises the root-cause host's exception. ``.local(...)`` calls
-    the plain function in this process.
+    value, or re-raises the root-cause host's exception, which carries the
+    job's id as ``job_id``. ``await fn.aio(...)`` is the same call awaited,
+    ``.submit(...)`` returns a ``JobHandle`` at once, ``last_job``
+    is the handle of the latest call's job (set once its id is known, so also
+    after a call raised or was interrupted; None before any call), and
+    ``.local(...)`` calls the plain function in this process.
     """
 
     def __init__(self, fn: Callable[P, R], options: RunOptions) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self.options = options
+        self.last_job: JobHandle | None = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         __tracebackhide__ = True        # IPython: the user's cell, not the SDK
-        try:
-            return self._call(args, kwargs)
-        except (Exception, KeyboardInterrupt) as exc:
-            raise cut_sdk_frames(exc)
+        return self._blocking(args, kwargs, CallJob(self._handle))
 
-    def _call(self, args: tuple, kwargs: dict) -> R:
+    async def aio(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """The call, awaited: as calling the function (output shown live, the
+        value returned, the remote exception raised again), in a thread of its
+        own, so the event loop (a notebook's too) goes on meanwhile. If the
+        awaiting task is cancelled, the job is cancelled on every host."""
+        __tracebackhide__ = True
+        from ._futures import awaited, in_thread
+
+        job = CallJob(self._handle)
+        running = in_thread(lambda: self._blocking(args, kwargs, job),
+                            name=f"remote_tpu call {self._name}")
+        return await awaited(running, lambda: job.cancel(running))
+
+    def _handle(self, job_id: str, target: Any) -> JobHandle:
+        """A call's job, as soon as its id is known: ``last_job``."""
+        self.last_job = JobHandle(job_id, target, accelerator=self.options.topology.name,
+                                  output_dir=self.options.output_dir)
+        return self.last_job
+
+    def _blocking(self, args: tuple, kwargs: dict, job: CallJob) -> R:
+        __tracebackhide__ = True
+        try:
+            return self._call(args, kwargs, job)
+        except (Exception, KeyboardInterrupt) as exc:
+            raise cut_sdk_frames(exc if job.job is None else tag_job(exc, job.job.id))
+
+    def _call(self, args: tuple, kwargs: dict, job: CallJob) -> R:
         from ._client import call, new_job_id
 
         from ._retries import run as with_retries
@@ -48,7 +77,7 @@ class RemoteFunction(Generic[P, R]):
         return with_retries(self.options.retries,
                             lambda attempt, earlier: call(self.options, payload,
                                                           new_job_id(self._name), attempt,
-                                                          earlier))
+                                                          earlier, started=job.started))
 
     def submit(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
         """Start the job and return its handle at once; it keeps running when

@@ -15,10 +15,11 @@ from . import _call_lane as call_lane
 from ._core import data_wire
 from ._core.auth import TLS
 from ._core.channels import error_from_rpc, forget_if_unavailable
-from ._core.exceptions import ConfigurationError, JobTimeoutError
+from ._core.exceptions import ConfigurationError, JobTimeoutError, RemoteTPUError
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.states import FINISHED_NAMES, phase_name
 from ._core.user_source import cut_sdk_frames
+from ._futures import AsFuture, of_the_job
 from ._outcome import outcome, result_request
 from ._render import OutputRenderer
 from ._target import Target, resolve_target, running_targets
@@ -86,11 +87,32 @@ class JobStatus:
                    slices=max(1, s.num_slices))
 
 
-class JobHandle:
+def tag_job(exc: BaseException, job_id: str) -> BaseException:
+    """``exc.job_id = job_id`` on remote_tpu's own errors (unless set), and on
+    another exception (the user's, rebuilt) unless it has a ``job_id`` of its
+    own, which stays: its note names the job all the same."""
+    if isinstance(exc, RemoteTPUError):
+        if exc.job_id is None:
+            exc.job_id = job_id
+    elif not hasattr(exc, "job_id"):
+        try:
+            exc.job_id = job_id  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            pass
+    return exc
+
+
+class JobHandle(AsFuture):
     """A job on a slice, whether this process started it or not.
 
     ``remote_tpu.attach(job_id, hosts=...)`` makes one in any process that can
     reach the gateway and holds the slice's token.
+
+    It answers as a ``concurrent.futures.Future`` does (``done``, ``running``,
+    ``cancelled``, ``result``, ``exception``, ``add_done_callback``) without
+    being one: ``future()`` is a real one, for ``concurrent.futures.wait`` and
+    ``as_completed``. ``await handle`` waits in a thread, not blocking the
+    event loop. ``cancel()`` stops the job on every host, as before.
     """
 
     def __init__(self, job_id: str, target: Target, *, accelerator: str = "",
@@ -199,10 +221,13 @@ class JobHandle:
         """The value process 0 returned, or the remote exception re-raised, as
         for a blocking call. Can be asked again."""
         __tracebackhide__ = True
+        future = self._future
         try:
+            if future is not None and future.done() and of_the_job(future):
+                return future.result()      # fetched already, by the watching thread
             return self._result(timeout)
         except (Exception, KeyboardInterrupt) as exc:
-            raise cut_sdk_frames(exc)
+            raise cut_sdk_frames(tag_job(exc, self._id))
 
     def _result(self, timeout: float | None) -> Any:
         if self.status().warm_until is not None:     # said at once, not after the session
@@ -217,7 +242,9 @@ class JobHandle:
                        refetch=lambda: self._stream("Result", result_request(self._id)))
 
     def cancel(self) -> JobStatus:
-        """Stop the job on every host (a queued job simply leaves the queue)."""
+        """Stop the job on every host (a queued job simply leaves the queue);
+        its status once ended: CANCELLED, or how it had ended before. Unlike
+        ``Future.cancel()``, not a bool: a running job is cancelled too."""
         self._call("Cancel", pb.JobRef(job_id=self._id), timeout=30)
         return self.wait(30)
 

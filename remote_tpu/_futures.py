@@ -1,0 +1,166 @@
+"""Jobs in Python's async world: a call's outcome as a real
+``concurrent.futures.Future``, completed by a thread that waits on it, and
+awaited from asyncio without blocking the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
+
+from ._core.exceptions import RemoteTPUError
+
+if TYPE_CHECKING:
+    from ._jobs import JobHandle
+
+logger = logging.getLogger(__name__)
+_watching = threading.Lock()         # one watching thread per handle
+
+
+def of_the_job(future: concurrent.futures.Future) -> bool:
+    """Whether a done Future holds the job's own end (its value, or how it
+    ended), not a failure to learn it (the gateway out of reach)."""
+    exc = future.exception()
+    return exc is None or getattr(exc, "remote_tpu_end", None) is not None
+
+
+def in_thread(fn: Callable[[], Any], name: str) -> concurrent.futures.Future:
+    """A Future of ``fn()``, run in a daemon thread of its own (not a pool's:
+    a call may wait for hours, and any number of them at once). The Future is
+    running from the start: its ``cancel()`` is refused, as for a pool's task
+    already begun; stopping the job is the handle's ``cancel()``."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()
+
+    def run() -> None:
+        try:
+            value = fn()
+        except BaseException as exc:       # the caller's to see, whatever it is
+            future.set_exception(exc)
+        else:
+            future.set_result(value)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+async def awaited(future: concurrent.futures.Future, cancel: Callable[[], Any]) -> Any:
+    """``future``'s value, awaited on the running loop. If the awaiting task
+    is cancelled, ``cancel()`` (which stops the job) runs in a thread and is
+    waited for before the task's CancelledError goes on."""
+    __tracebackhide__ = True
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, cancel)
+        except Exception:
+            logger.warning("remote_tpu: cancelling the job of a cancelled task failed",
+                           exc_info=True)
+        raise
+
+
+class AsFuture:
+    """A job handle's answers as a ``concurrent.futures.Future``'s, from its
+    ``status()``, ``wait()``, ``result()`` and ``cancel()``; ``future()``: a
+    real Future of its value, and ``await handle``."""
+
+    _id: str
+    _future: concurrent.futures.Future | None = None
+
+    if TYPE_CHECKING:
+        def status(self) -> Any: ...
+        def wait(self, timeout: float | None = None) -> Any: ...
+        def result(self, timeout: float | None = None) -> Any: ...
+        def cancel(self) -> Any: ...
+
+    def done(self) -> bool:
+        """Whether the job has ended, in any way (asks its gateway)."""
+        return self.status().finished
+
+    def running(self) -> bool:
+        """Whether the job has left the queue and not ended yet."""
+        status = self.status()
+        return not status.finished and status.state != "QUEUED"
+
+    def cancelled(self) -> bool:
+        """Whether the job ended cancelled (by ``cancel()`` or another caller)."""
+        return self.status().state == "CANCELLED"
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The exception the job ended with, as ``result()`` raises it (the
+        remote one rebuilt, or a ``JobFailedError``), or None if it succeeded.
+        Raises ``JobTimeoutError`` (a ``TimeoutError``) if it has not ended
+        within ``timeout`` seconds, and what keeps the answer from coming (an
+        unreachable gateway, say)."""
+        if self.wait(timeout).state == "SUCCEEDED":
+            return None
+        try:
+            self.result()
+        except Exception as exc:
+            if getattr(exc, "remote_tpu_end", None) is None:
+                raise                       # not the job's end: no answer
+            return exc
+        return None
+
+    def future(self) -> concurrent.futures.Future:
+        """A ``concurrent.futures.Future`` of the job's value (or remote
+        exception), completed by a thread that waits for the job to end and
+        fetches it: for ``concurrent.futures.wait`` and ``as_completed``. The
+        same one each time; its ``cancel()`` is refused (``handle.cancel()``
+        stops the job)."""
+        with _watching:
+            if self._future is None:
+                self._future = in_thread(self.result, name=f"remote_tpu job {self._id}")
+            return self._future
+
+    def add_done_callback(self, fn: Callable[[Any], Any]) -> None:
+        """Call ``fn(handle)`` once the job has ended (at once if it has), in
+        the thread that watched it; an exception it raises is logged, as
+        ``concurrent.futures`` does, not raised."""
+        self.future().add_done_callback(lambda _: fn(self))
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """``await handle``: its ``result()``, waited for in a thread. If the
+        awaiting task is cancelled, the job is cancelled on every host
+        (``asyncio.shield(handle)`` leaves it running)."""
+        return awaited(self.future(), self.cancel).__await__()
+
+
+class CallJob:
+    """The job of one blocking call (or ``aio`` call), known as soon as its id
+    is: for ``fn.last_job``, the exception's ``job_id``, and stopping the call
+    when the task awaiting it is cancelled."""
+
+    def __init__(self, made: Callable[[str, Any], JobHandle]) -> None:
+        self._made = made                 # its handle, from its id and target
+        self.job: JobHandle | None = None
+        self.cancelled = False
+
+    def started(self, job_id: str, target: Any) -> None:
+        """The call is about to send job ``job_id`` (again with a new id where
+        the gateway had lost its large buffers, and for each attempt under
+        ``retries=``); a call cancelled before that sends nothing."""
+        if self.cancelled:
+            raise concurrent.futures.CancelledError(
+                f"job {job_id} was not sent: its awaiting task was cancelled")
+        self.job = self._made(job_id, target)
+
+    def cancel(self, call: concurrent.futures.Future) -> None:
+        """Stop the call running as ``call``: a job not yet sent is not sent;
+        one sent is cancelled on every host. Between the two (uploading), the
+        gateway does not know the job yet: asked again until it does, or until
+        the call ended."""
+        self.cancelled = True
+        while not call.done():
+            job = self.job
+            if job is not None:
+                try:
+                    job.cancel()
+                    return
+                except RemoteTPUError:
+                    pass                        # not at its gateway yet
+            concurrent.futures.wait([call], timeout=0.2)
