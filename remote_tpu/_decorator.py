@@ -12,7 +12,7 @@ from ._core.serialization import Payload
 from ._core.exceptions import ConfigurationError
 from ._core.user_source import cut_sdk_frames
 from ._futures import CallJob
-from ._jobs import JobHandle, tag_job
+from ._jobs import JobHandle
 from ._options import JaxTimeouts, RunOptions, resolve
 from ._core.topology import Topology
 
@@ -40,7 +40,11 @@ class RemoteFunction(Generic[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         __tracebackhide__ = True        # IPython: the user's cell, not the SDK
-        return self._blocking(args, kwargs, CallJob(self._handle))
+        job = CallJob(self._handle)
+        try:
+            return self._call(args, kwargs, job)
+        except (Exception, KeyboardInterrupt) as exc:
+            raise cut_sdk_frames(job.tagged(exc))
 
     async def aio(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """The call, awaited: as calling the function (output shown live, the
@@ -51,22 +55,18 @@ class RemoteFunction(Generic[P, R]):
         from ._futures import awaited, in_thread
 
         job = CallJob(self._handle)
-        running = in_thread(lambda: self._blocking(args, kwargs, job),
+        running = in_thread(lambda: self._call(args, kwargs, job),
                             name=f"remote_tpu call {self._name}")
-        return await awaited(running, lambda: job.cancel(running))
+        try:
+            return await awaited(running, lambda: job.cancel(running))
+        except (Exception, KeyboardInterrupt) as exc:
+            raise cut_sdk_frames(job.tagged(exc))
 
     def _handle(self, job_id: str, target: Any) -> JobHandle:
         """A call's job, as soon as its id is known: ``last_job``."""
         self.last_job = JobHandle(job_id, target, accelerator=self.options.topology.name,
                                   output_dir=self.options.output_dir)
         return self.last_job
-
-    def _blocking(self, args: tuple, kwargs: dict, job: CallJob) -> R:
-        __tracebackhide__ = True
-        try:
-            return self._call(args, kwargs, job)
-        except (Exception, KeyboardInterrupt) as exc:
-            raise cut_sdk_frames(exc if job.job is None else tag_job(exc, job.job.id))
 
     def _call(self, args: tuple, kwargs: dict, job: CallJob) -> R:
         from ._client import call, new_job_id

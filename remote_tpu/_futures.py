@@ -12,9 +12,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from ._core.exceptions import RemoteTPUError
-
-if TYPE_CHECKING:
-    from ._jobs import JobHandle
+from ._core.user_source import cut_sdk_frames
 
 logger = logging.getLogger(__name__)
 _watching = threading.Lock()         # one watching thread per handle
@@ -25,6 +23,21 @@ def of_the_job(future: concurrent.futures.Future) -> bool:
     ended), not a failure to learn it (the gateway out of reach)."""
     exc = future.exception()
     return exc is None or getattr(exc, "remote_tpu_end", None) is not None
+
+
+def tag_job(exc: BaseException, job_id: str) -> BaseException:
+    """``exc.job_id = job_id`` on remote_tpu's own errors (unless set), and on
+    another exception (the user's, rebuilt) unless it has a ``job_id`` of its
+    own, which stays: its note names the job all the same."""
+    if isinstance(exc, RemoteTPUError):
+        if exc.job_id is None:
+            exc.job_id = job_id
+    elif not hasattr(exc, "job_id"):
+        try:
+            exc.job_id = job_id  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):
+            pass
+    return exc
 
 
 def in_thread(fn: Callable[[], Any], name: str) -> concurrent.futures.Future:
@@ -54,6 +67,8 @@ async def awaited(future: concurrent.futures.Future, cancel: Callable[[], Any]) 
     __tracebackhide__ = True
     try:
         return await asyncio.wrap_future(future)
+    except (Exception, KeyboardInterrupt) as exc:
+        raise cut_sdk_frames(exc)       # from the thread, through asyncio: from here
     except asyncio.CancelledError:
         try:
             await asyncio.get_running_loop().run_in_executor(None, cancel)
@@ -135,9 +150,9 @@ class CallJob:
     is: for ``fn.last_job``, the exception's ``job_id``, and stopping the call
     when the task awaiting it is cancelled."""
 
-    def __init__(self, made: Callable[[str, Any], JobHandle]) -> None:
-        self._made = made                 # its handle, from its id and target
-        self.job: JobHandle | None = None
+    def __init__(self, made: Callable[[str, Any], Any]) -> None:
+        self._made = made                 # its JobHandle, from its id and target
+        self.job: Any = None
         self.cancelled = False
 
     def started(self, job_id: str, target: Any) -> None:
@@ -148,6 +163,10 @@ class CallJob:
             raise concurrent.futures.CancelledError(
                 f"job {job_id} was not sent: its awaiting task was cancelled")
         self.job = self._made(job_id, target)
+
+    def tagged(self, exc: BaseException) -> BaseException:
+        """``exc``, raised by the call, with its job's id (``tag_job``)."""
+        return exc if self.job is None else tag_job(exc, self.job.id)
 
     def cancel(self, call: concurrent.futures.Future) -> None:
         """Stop the call running as ``call``: a job not yet sent is not sent;

@@ -15,11 +15,11 @@ from . import _call_lane as call_lane
 from ._core import data_wire
 from ._core.auth import TLS
 from ._core.channels import error_from_rpc, forget_if_unavailable
-from ._core.exceptions import ConfigurationError, JobTimeoutError, RemoteTPUError
+from ._core.exceptions import ConfigurationError, JobTimeoutError
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.states import FINISHED_NAMES, phase_name
 from ._core.user_source import cut_sdk_frames
-from ._futures import AsFuture, of_the_job
+from ._futures import AsFuture, of_the_job, tag_job
 from ._outcome import outcome, result_request
 from ._render import OutputRenderer
 from ._target import Target, resolve_target, running_targets
@@ -85,21 +85,6 @@ class JobStatus:
                    queue_position=s.queue_position or None,
                    attempts=tuple(Attempt.from_pb(a) for a in s.attempts),
                    slices=max(1, s.num_slices))
-
-
-def tag_job(exc: BaseException, job_id: str) -> BaseException:
-    """``exc.job_id = job_id`` on remote_tpu's own errors (unless set), and on
-    another exception (the user's, rebuilt) unless it has a ``job_id`` of its
-    own, which stays: its note names the job all the same."""
-    if isinstance(exc, RemoteTPUError):
-        if exc.job_id is None:
-            exc.job_id = job_id
-    elif not hasattr(exc, "job_id"):
-        try:
-            exc.job_id = job_id  # type: ignore[attr-defined]
-        except (AttributeError, TypeError):
-            pass
-    return exc
 
 
 class JobHandle(AsFuture):

@@ -10,6 +10,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+import traceback
 
 import pytest
 
@@ -76,6 +77,22 @@ def test_a_remote_exception_through_await_carries_its_job_id(pair):
     assert exc.job_id == step.last_job.id and exc.job_id.startswith("step-")
     assert step.last_job.status().state == "FAILED"
     assert step.last_job.exception() is not None
+
+
+def test_an_awaited_remote_error_shows_one_frame_of_the_sdk(pair):
+    step = _step(pair)
+
+    async def main():
+        raised = []
+        for awaitable in (lambda: step.aio("boom"), lambda: step.submit("boom")):
+            with pytest.raises(ValueError) as exc:
+                await awaitable()
+            raised.append(exc.value)
+        return raised
+    for exc, entry in zip(asyncio.run(main()), ("aio", "awaited")):
+        sdk = [line for line in traceback.format_exception(exc)
+               if line.lstrip().startswith('File "') and "/remote_tpu/" in line]
+        assert len(sdk) == 1 and f"in {entry}" in sdk[0], "".join(traceback.format_exception(exc))
 
 
 def test_a_blocking_call_that_raised_leaves_its_job_reachable(pair):
