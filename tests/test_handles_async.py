@@ -62,7 +62,7 @@ def test_two_aio_calls_gathered_on_one_slice_the_second_queued(pair, capfd):
     out, err = capfd.readouterr()
     assert "step 1 on host 0" in out and "step 2 on host 0" in out, out   # shown live
     assert "is queued behind job step-" in err, err          # one slice: one after the other
-    assert len(ticks) > took / 0.05 / 2, f"the loop ticked {len(ticks)} times in {took:.1f} s"
+    assert len(ticks) >= 10, f"the loop ticked {len(ticks)} times in {took:.1f} s"
 
 
 def test_a_remote_exception_through_await_carries_its_job_id(pair):
