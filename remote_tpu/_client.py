@@ -132,9 +132,7 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
         started(job_id, target)
     status = LiveStatus(processes=options.topology.hosts * options.num_slices *
                         options.processes_per_host, jax=options.init_jax)
-    # Whether Ctrl-C cancels the call on the slice: "surely" once it went on
-    # the lane to the gateway, "maybe" while gRPC waits for its first event.
-    sent = [""]
+    sending = _Sending(status)
     try:
         trees = _trees.prepare(target, options.working_dir, payload)
         payload, refs = _with_blobs(target, payload, trees, status)
@@ -143,20 +141,9 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
         if options.keep_warm and not target.local:
             _release_at_exit(target)
         status.phase("remote_tpu: waiting for the slice")
-
-        def start(t: Target, lane: bool = True):
-            try:
-                sent[0] = "maybe"
-                if lane and (on_lane := _on_lane(t, spec, payload,
-                                                 lambda: sent.__setitem__(0, "surely"))):
-                    return on_lane
-                sent[0] = "maybe"
-                return _start_run(t, spec, payload, status)
-            except Exception:
-                sent[0] = ""            # (not there: tried again, or given up)
-                raise
+        sending.spec, sending.payload = spec, payload
         try:
-            stream = target.call(start, retry=True)
+            stream = target.call(sending.start, retry=True)
         except BlobsMissing:     # evicted since they were sent: they go inside this time
             payload = payload.inline()
             spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,
@@ -164,12 +151,13 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
             job_id = spec.job_id
             if started is not None:
                 started(job_id, target)
-            stream = target.call(lambda t: start(t, lane=False), retry=True)
+            sending.spec, sending.payload = spec, payload
+            stream = target.call(lambda t: sending.start(t, lane=False), retry=True)
     except BaseException as exc:
         status.close()           # refused or unreachable: the line goes with the call
-        if isinstance(exc, KeyboardInterrupt) and sent[0]:
-            _say_cancelled(options, job_id, surely=sent[0] == "surely")   # (a warm call's
-        raise                                                  # first event can be its end)
+        if isinstance(exc, KeyboardInterrupt) and sending.sent:
+            _say_cancelled(options, job_id, surely=sending.sent == "surely")   # (a warm
+        raise                                           # call's first event can be its end)
     label = "process" if options.processes_per_host > 1 else "host"
     renderer = OutputRenderer(options.stream, label, per_slice=(
         options.topology.hosts * options.processes_per_host if options.num_slices > 1 else 0))
@@ -228,6 +216,36 @@ def _release_all() -> None:
                                   metadata=target.credentials.metadata)
         except grpc.RpcError:
             pass                    # its idle time ends them all the same
+
+
+class _Sending:
+    """An attached call on its way to the gateway, up to its first event: on
+    this process's lane to it where there is one, else with ``RunInline`` or
+    ``Run`` (``_start_run``); ``start`` is one attempt (``Target.call`` may
+    make several). ``sent``: whether Ctrl-C cancels the call on the slice:
+    "surely" once it went on the lane, "maybe" while gRPC waits for its first
+    event, "" while it is not there."""
+
+    def __init__(self, status: LiveStatus) -> None:
+        self._status = status
+        self.spec: pb.JobSpec | None = None
+        self.payload: Payload | None = None
+        self.sent = ""
+
+    def start(self, target: Target, lane: bool = True) -> Any:
+        try:
+            self.sent = "maybe"
+            if lane and (on_lane := _on_lane(target, self.spec, self.payload,
+                                             self._surely)):
+                return on_lane
+            self.sent = "maybe"
+            return _start_run(target, self.spec, self.payload, self._status)
+        except Exception:
+            self.sent = ""              # (not there: tried again, or given up)
+            raise
+
+    def _surely(self) -> None:
+        self.sent = "surely"
 
 
 def _on_lane(target: Target, spec: pb.JobSpec, payload: Payload,
