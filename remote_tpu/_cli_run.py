@@ -57,7 +57,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--detach", action="store_true",
                    help="submit and print the job id; `remote-tpu jobs` follows it")
     r.add_argument("script", help="the script (sent by content; with --working-dir, run "
-                                  "from the project's copy on each host)")
+                                  "from the project's copy on each host): a relative path "
+                                  "is looked for in --working-dir first, then here")
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     r.set_defaults(func=_run)
     e = sub.add_parser("exec", help="run a command on every host of a slice (no JAX), each "
@@ -160,6 +161,36 @@ def script_name(script: str) -> str:
     return job_stem(shown[:-len(".py")] if shown.endswith(".py") else shown)
 
 
+class ScriptNotFound(Exception):
+    """No file at any of the places a script's path may mean."""
+
+
+def find_script(script: str, working_dir: str | None) -> tuple[str, str]:
+    """The file ``remote-tpu run SCRIPT`` runs, and a note to show ("" when
+    none): a relative path is looked for in ``--working-dir`` first (the
+    script runs there, as a Ray job's entrypoint does), then in this
+    directory; where both have a different file, the working dir's is run and
+    the note says so. None there: ScriptNotFound names every place looked."""
+    if os.path.isabs(script) or not working_dir:
+        if not os.path.exists(script):
+            raise ScriptNotFound(f"cannot find the script {script!r}: there is no "
+                                 f"{os.path.abspath(script)}")
+        return script, ""
+    in_project = os.path.join(working_dir, script)
+    places = [(in_project, f"in --working-dir {working_dir}"), (script, "in this directory")]
+    there = [(path, where) for path, where in places if os.path.isfile(path)]
+    if not there:
+        looked = "; ".join(f"{os.path.abspath(path)} ({where})" for path, where in places)
+        raise ScriptNotFound(f"cannot find the script {script!r}: looked for {looked}; give "
+                             "its path from here, or from the --working-dir")
+    if len(there) == 2 and not os.path.samefile(in_project, script):
+        return in_project, (f"{script!r} is both in --working-dir {working_dir} and in this "
+                            f"directory: running {os.path.abspath(in_project)}, the working "
+                            f"dir's (to run this directory's, give its full path, "
+                            f"{os.path.abspath(script)})")
+    return there[0][0], ""
+
+
 def _remote(args: argparse.Namespace, fn, **extra):
     import remote_tpu
 
@@ -177,18 +208,24 @@ def _run(args: argparse.Namespace) -> int:
     from ._script import ScriptExit, run_script
 
     try:
-        with open(args.script, encoding="utf-8") as f:
+        found, note = find_script(args.script, args.working_dir)
+        with open(found, encoding="utf-8") as f:
             source = f.read()
+    except ScriptNotFound as exc:
+        print(f"remote-tpu run: {exc}", file=sys.stderr)
+        return 2
     except (OSError, UnicodeDecodeError) as exc:
         print(f"remote-tpu run: cannot read the script {args.script!r}: {exc}", file=sys.stderr)
         return 2
-    path = os.path.basename(args.script)
+    if note:
+        print(f"remote-tpu run: {note}", file=sys.stderr)
+    path = os.path.basename(found)
     if args.working_dir:
-        inside = os.path.relpath(os.path.abspath(args.script), os.path.abspath(args.working_dir))
+        inside = os.path.relpath(os.path.abspath(found), os.path.abspath(args.working_dir))
         path = path if inside.startswith("..") else inside
     fn = _remote(args, run_script, **({} if args.name else {"name": script_name(args.script)}))
     from ._outcome import LOOK_IN
-    LOOK_IN.append(os.path.dirname(os.path.abspath(args.script)))
+    LOOK_IN.append(os.path.dirname(os.path.abspath(found)))
     if args.detach:
         if fn.options.local:
             print("remote-tpu run: --detach needs a slice that outlives this command; a "
