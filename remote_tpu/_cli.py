@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
 
 from ._core.exceptions import RemoteTPUError
 from ._core.addresses import HOSTS_ENV
 from ._core.versions import __version__, local_versions
+from ._cli_jobs import add_parser as add_jobs_parser
 from ._cli_run import add_parsers, hosts_arg as _hosts_arg
-
-if TYPE_CHECKING:
-    from ._jobs import JobStatus
 
 
 def _version(args: argparse.Namespace) -> int:
@@ -50,52 +46,6 @@ def _local(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     stop_local_slices()
-    return 0
-
-
-def job_detail(j: JobStatus) -> str:
-    """The DETAIL column of ``jobs list``: a queued job's place in the queue
-    (nothing may be ahead of it: the slice is about to be its own)."""
-    if j.state != "QUEUED":
-        return j.detail
-    place = f"behind {j.queued_behind}" if j.queued_behind else "next in line"
-    if j.queue_position:
-        place += f" (position {j.queue_position})"
-    return f"{place}; {j.detail}" if j.detail else place
-
-
-def _jobs(args: argparse.Namespace) -> int:
-    import datetime
-
-    from ._jobs import attach, jobs
-
-    hosts = _hosts_arg(args.hosts)
-    if args.action == "list":
-        rows = jobs(hosts)
-        print(f"{'JOB':<44} {'STATE':<10} {'ACCELERATOR':<18} {'CREATED':<19} DETAIL")
-        for j in rows:
-            created = datetime.datetime.fromtimestamp(j.created_at).strftime("%Y-%m-%d %H:%M:%S")
-            print(f"{j.id:<44} {j.state:<10} {j.accelerator:<18} {created:<19} "
-                  f"{job_detail(j)}")
-        return 0
-    handle = attach(args.job_id, hosts)
-    if args.action == "status":
-        s = handle.status()
-        print(json.dumps(dataclasses.asdict(s), indent=2))
-    elif args.action == "logs":
-        if args.follow:
-            for text in handle.logs(host=args.host, follow=True):
-                sys.stdout.write(text)
-                sys.stdout.flush()
-        else:
-            sys.stdout.write(handle.logs(host=args.host))
-    elif args.action == "result":
-        print(repr(handle.result()))
-    elif args.action == "cancel":
-        print(handle.cancel().state)
-    elif args.action == "stacks":
-        for host, text in sorted(handle.stacks().items()):
-            print(f"===== host {host} =====\n{text.rstrip()}\n")
     return 0
 
 
@@ -153,23 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--hosts", default="", help="an agent address of the slice "
                                                "(default REMOTE_TPU_HOSTS)")
     r.set_defaults(func=_release)
-    j = sub.add_parser("jobs", help="jobs on a slice: list, status, logs, result, cancel, "
-                                    "stacks (--hosts or REMOTE_TPU_HOSTS)")
-    jsub = j.add_subparsers(dest="action", required=True)
-    for action, text in (("list", "the jobs the gateway knows, newest first"),
-                         ("status", "one job's state"), ("logs", "a host's output"),
-                         ("result", "the value process 0 returned (or the error)"),
-                         ("cancel", "stop a job on every host"),
-                         ("stacks", "every host's Python stacks, now")):
-        a = jsub.add_parser(action, help=text)
-        a.add_argument("--hosts", default="", help="the gateway's address (any agent of "
-                                                   "the slice with worker 0 first)")
-        if action != "list":
-            a.add_argument("job_id")
-        if action == "logs":
-            a.add_argument("-f", "--follow", action="store_true")
-            a.add_argument("--host", type=int, default=None, help="host index (default 0)")
-    j.set_defaults(func=_jobs)
+    add_jobs_parser(sub)
     add_parsers(sub)
     args = p.parse_args(argv)
     if args.command == "local":

@@ -145,7 +145,11 @@ class JobHandle(AsFuture):
             request, metadata=self._target.credentials.metadata, **kwargs)
 
     def status(self) -> JobStatus:
-        return JobStatus.from_pb(self._call("Status", pb.JobRef(job_id=self._id), timeout=30))
+        return JobStatus.from_pb(self._status_reply())
+
+    def _status_reply(self) -> pb.JobStatus:
+        """The agent's reply itself: a finished job's with its ``end`` report."""
+        return self._call("Status", pb.JobRef(job_id=self._id), timeout=30)
 
     def _accelerator_name(self) -> str:
         if not self._accelerator:
@@ -180,6 +184,36 @@ class JobHandle(AsFuture):
         rest = decoder.decode(b"", final=True)
         if rest:
             yield rest
+
+    def _outputs(self, hosts: Sequence[int], offsets: Sequence[int] = (),
+                 follow: bool = False) -> Iterator[tuple[int, bytes, int]]:
+        """Each output of the hosts' logs as the agent sends it: (host, bytes,
+        the host's log offset after them), from ``offsets`` (default 0)."""
+        request = pb.WatchRequest(job_id=self._id, hosts=list(hosts), offsets=list(offsets),
+                                  follow=follow)
+        stream = self._stream("Watch", request)
+        try:
+            for event in stream:
+                if event.HasField("output"):
+                    yield event.host, event.output.data, event.output.offset
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        finally:
+            stream.cancel()
+
+    def _has_log(self, index: int) -> bool:
+        """Whether the job has a log ``index`` (one per process: with
+        processes_per_host, more than its hosts); reads none of it."""
+        request = pb.WatchRequest(job_id=self._id, hosts=[index], offsets=[1 << 62])
+        stream = self._stream("Watch", request, timeout=30)
+        try:
+            for _ in stream:
+                pass
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                return False
+            raise self._error(exc) from None
+        return True
 
     def wait(self, timeout: float | None = None) -> JobStatus:
         """Block until the job has ended (or ``timeout`` seconds); its status."""

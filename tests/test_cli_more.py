@@ -1,9 +1,12 @@
 """The shell as a first-class citizen: `remote-tpu run` finds a script the
-way a Ray job's entrypoint is found. Subprocesses of the real command against
-real agents."""
+way a Ray job's entrypoint is found, `jobs status` reads as text, `jobs logs`
+reads every host's log and its tail. Subprocesses of the real command
+against real agents."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -15,6 +18,8 @@ import pytest
 from conftest import Agents
 
 pytestmark = pytest.mark.timeout(300)
+
+TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
 
 
 @pytest.fixture(scope="module")
@@ -36,20 +41,32 @@ def _write(path, body: str) -> None:
     path.write_text(textwrap.dedent(body))
 
 
+def _finished_job(slice_, tmp_path, body: str, *flags: str) -> str:
+    """The id of a detached job of ``body``, once it has ended."""
+    _write(tmp_path / "job.py", body)
+    done = _cli(slice_, "run", "--no-jax", "--detach", *flags, str(tmp_path / "job.py"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = done.stdout.split()[1]
+    _cli(slice_, "jobs", "result", job_id)              # returns once the job has ended
+    return job_id
+
+
 # ---------------------------------------------------------------- finding the script
 
 @pytest.mark.slow
 def test_a_relative_script_is_found_in_the_working_dir(slice_, tmp_path):
     _write(tmp_path / "proj" / "train.py", """
-        import os
+        import os, time
         print("job", os.environ["REMOTE_TPU_JOB_ID"], flush=True)
-        raise ValueError("from the project")
+        if os.environ["REMOTE_TPU_HOST_INDEX"] == "0":
+            raise ValueError("from the project")
+        time.sleep(60)
     """)
     done = _cli(slice_, "run", "--no-jax", "--working-dir", "proj", "train.py",
                 cwd=str(tmp_path))
     assert done.returncode == 1, done.stdout + done.stderr
     assert re.search(r"^job train-[0-9a-f]{12}$", done.stdout, re.MULTILINE), done.stdout
-    assert 'File "train.py", line 4, in <module>' in done.stderr     # as typed
+    assert 'File "train.py", line 5, in <module>' in done.stderr     # as typed
     assert "ValueError: from the project" in done.stderr
 
 
@@ -80,3 +97,112 @@ def test_a_missing_script_names_every_place_looked(slice_, tmp_path):
     done = _cli(slice_, "run", "nowhere.py", cwd=str(tmp_path))
     assert done.returncode == 2
     assert f"there is no {tmp_path / 'nowhere.py'}" in done.stderr
+
+
+# ---------------------------------------------------------------- jobs status
+
+@pytest.mark.slow
+def test_jobs_status_reads_as_text_and_json_stays_as_it_was(slice_, tmp_path):
+    import remote_tpu
+
+    job_id = _finished_job(slice_, tmp_path, """
+        import os, sys, time
+        if os.environ["REMOTE_TPU_HOST_INDEX"] == "1":
+            sys.exit(4)
+        time.sleep(60)
+    """)
+    done = _cli(slice_, "jobs", "status", job_id)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert re.search(rf"^job: +{job_id}$", text, re.M), text
+    assert re.search(r"^state: +FAILED$", text, re.M), text
+    assert re.search(r"^accelerator: +tpu-v4-16$", text, re.M), text
+    assert re.search(r"^hosts: +2$", text, re.M), text
+    assert re.search(rf"^created: +{TIME}$", text, re.M), text
+    assert re.search(rf"^started: +{TIME} \(queued for \d+\.\d s\)$", text, re.M), text
+    assert re.search(rf"^ended: +{TIME} \(ran for \d+\.\d s\)$", text, re.M), text
+    assert re.search(r"^root cause: +host 1 \(ScriptExit: the script called sys.exit\(4\)\)$",
+                     text, re.M), text
+    values = [line.index(":") + 1 + len(re.match(r"[^:]*:( *)", line)[1])
+              for line in text.splitlines()]
+    assert len(set(values)) == 1, text                     # one column of values
+    status = remote_tpu.attach(job_id, hosts=slice_.addresses[0], token=slice_.token).status()
+    done = _cli(slice_, "jobs", "status", "--json", job_id)
+    assert json.loads(done.stdout) == json.loads(json.dumps(dataclasses.asdict(status)))
+
+
+# ---------------------------------------------------------------- jobs logs
+
+HOST_LINES = """
+    import os
+    i = os.environ["REMOTE_TPU_PROCESS_INDEX"]
+    for n in range(4):
+        print(f"line {n} of {i}")
+    print(f"unfinished {i}", end="")
+"""
+
+
+@pytest.mark.slow
+def test_jobs_logs_of_every_host_and_their_tails(slice_, tmp_path):
+    job_id = _finished_job(slice_, tmp_path, HOST_LINES)
+    done = _cli(slice_, "jobs", "logs", "--host", "all", job_id)
+    assert done.returncode == 0, done.stderr
+    # Host by host, each line prefixed; a last line without its end is ended.
+    assert done.stdout == "".join("".join(f"[host {i}] line {n} of {i}\n" for n in range(4))
+                                  + f"[host {i}] unfinished {i}\n" for i in (0, 1)), done.stdout
+    done = _cli(slice_, "jobs", "logs", "--host", "all", "--tail", "2", job_id)
+    assert done.stdout == ("[host 0] line 3 of 0\n[host 0] unfinished 0\n"
+                           "[host 1] line 3 of 1\n[host 1] unfinished 1\n"), done.stdout
+    done = _cli(slice_, "jobs", "logs", "--host", "1", "--tail", "3", job_id)
+    assert done.stdout == "line 2 of 1\nline 3 of 1\nunfinished 1", done.stdout
+    done = _cli(slice_, "jobs", "logs", "-f", "--tail", "1", job_id)     # ended: no wait
+    assert done.stdout == "unfinished 0", done.stdout
+
+
+@pytest.mark.slow
+def test_jobs_logs_follows_every_host_as_it_writes(slice_, tmp_path):
+    _write(tmp_path / "job.py", """
+        import os, time
+        i = os.environ["REMOTE_TPU_HOST_INDEX"]
+        print("early", i, flush=True)
+        time.sleep(4)
+        for n in range(3):
+            print("late", n, "of", i, flush=True)
+            time.sleep(0.2)
+    """)
+    done = _cli(slice_, "run", "--no-jax", "--detach", str(tmp_path / "job.py"))
+    job_id = done.stdout.split()[1]
+    done = _cli(slice_, "jobs", "logs", "-f", "--host", "all", "--tail", "1", job_id)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for i in (0, 1):
+        assert [line for line in lines if line.startswith(f"[host {i}] ")] == \
+            [f"[host {i}] early {i}"] + [f"[host {i}] late {n} of {i}" for n in range(3)], lines
+
+
+@pytest.mark.slow
+def test_jobs_logs_says_what_is_wrong_with_its_flags(slice_, tmp_path):
+    job_id = _finished_job(slice_, tmp_path, HOST_LINES)
+    done = _cli(slice_, "jobs", "logs", "--host", "7", job_id)
+    assert done.returncode == 1
+    assert f"job {job_id} has 2 host(s): there is no --host 7; give --host 0 to 1, or " \
+           "--host all" in done.stderr, done.stderr
+    done = _cli(slice_, "jobs", "logs", "--tail", "-3", job_id)
+    assert done.returncode == 2
+    assert "argument --tail: '-3' is not a number of lines: give 1 or more" in done.stderr
+    done = _cli(slice_, "jobs", "logs", "--host", "last", job_id)
+    assert done.returncode == 2
+    assert "argument --host: 'last' is not a host: give a host's index (0, 1, ...) or all" \
+        in done.stderr
+
+
+@pytest.mark.slow
+def test_jobs_logs_of_several_processes_per_host_name_each_process(slice_, tmp_path):
+    job_id = _finished_job(slice_, tmp_path, HOST_LINES, "--processes-per-host", "2")
+    done = _cli(slice_, "jobs", "logs", "--host", "all", "--tail", "1", job_id)
+    assert done.stdout == "".join(f"[process {i}] unfinished {i}\n" for i in range(4)), \
+        done.stdout + done.stderr
+    assert _cli(slice_, "jobs", "logs", "--host", "3", job_id).stdout.endswith("unfinished 3")
+    done = _cli(slice_, "jobs", "logs", "--host", "4", job_id)
+    assert "has 4 processes (2 host(s) x 2), one log each: there is no --host 4; give " \
+           "--host 0 to 3" in done.stderr, done.stderr
