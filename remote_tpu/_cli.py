@@ -82,29 +82,69 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="remote-tpu", description="remote_tpu client tools")
-    p.add_argument("--version", action="version", version=f"remote-tpu {__version__}")
+RawHelp = argparse.RawDescriptionHelpFormatter
+
+EPILOGS = {
+    None: """examples:
+  remote-tpu run --accelerator tpu-v4-16 --hosts local train.py
+  remote-tpu jobs list --hosts 10.0.0.2
+  remote-tpu doctor 10.0.0.2
+
+each command's own: remote-tpu COMMAND --help""",
+    "version": """examples:
+  remote-tpu version
+  remote-tpu version --hosts 10.0.0.2          the agent's versions too""",
+    "local": """examples:
+  remote-tpu local                             a tpu-v4-16: 2 agents on this machine
+  remote-tpu local --accelerator tpu-v5p-32    4 agents; other shells use them with
+      the REMOTE_TPU_HOSTS and REMOTE_TPU_TOKEN it prints""",
+    "doctor": """examples:
+  remote-tpu doctor 10.0.0.2
+  remote-tpu doctor                            the slice of $REMOTE_TPU_HOSTS
+  remote-tpu doctor 10.0.0.2 10.0.1.2          two slices, and the DCN between them""",
+    "release": """examples:
+  remote-tpu release --hosts 10.0.0.2
+  REMOTE_TPU_HOSTS=10.0.0.2 remote-tpu release""",
+}
+
+
+def _command(sub: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=text, description=text, epilog=EPILOGS[name],
+                          formatter_class=RawHelp)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The whole command line: every command, its flags and examples."""
+    p = argparse.ArgumentParser(prog="remote-tpu", description="remote_tpu client tools",
+                                epilog=EPILOGS[None], formatter_class=RawHelp)
+    p.add_argument("--version", action="version", version=f"remote-tpu {__version__}",
+                   help="print the client's version and exit")
     sub = p.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("version", help="print client (and, with --hosts, agent) versions")
+    v = _command(sub, "version", "print client (and, with --hosts, agent) versions")
     v.add_argument("--hosts", default="", help="an agent address to ask as well")
     v.set_defaults(func=_version)
-    loc = sub.add_parser("local", help="start a local simulated slice and keep it up")
-    loc.add_argument("--accelerator", default="tpu-v4-16")
+    loc = _command(sub, "local", "start a local simulated slice and keep it up")
+    loc.add_argument("--accelerator", default="tpu-v4-16",
+                     help="the slice to simulate: one agent per host (default tpu-v4-16)")
     loc.set_defaults(func=_local)
-    d = sub.add_parser("doctor", help="check every host of a slice: reachable, versions, "
-                                      "slice shape, TPU lock")
+    d = _command(sub, "doctor", "check every host of a slice: reachable, versions, "
+                                "slice shape, TPU lock")
     d.add_argument("hosts", nargs="*", help="an agent address of the slice (default "
                                             "REMOTE_TPU_HOSTS); several slices: one of "
                                             "each, slice 0 first (their DCN links are "
                                             "checked too)")
     d.set_defaults(func=_doctor)
-    r = sub.add_parser("release", help="end a slice's warm workers (keep_warm) now")
+    r = _command(sub, "release", "end a slice's warm workers (keep_warm) now")
     r.add_argument("--hosts", default="", help="an agent address of the slice "
                                                "(default REMOTE_TPU_HOSTS)")
     r.set_defaults(func=_release)
     add_jobs_parser(sub)
     add_parsers(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.command == "local":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -48,6 +48,14 @@ RUN_EPILOG = """examples:
 
 every option, its variable and its meaning: docs/options.md"""
 
+EXEC_EPILOG = """examples:
+  remote-tpu exec --hosts 10.0.0.2 -- df -h /
+      one program and its arguments, on every host
+  remote-tpu exec --hosts 10.0.0.2 -- 'pip list | grep jax'
+      one string: run by each host's shell
+  remote-tpu exec --stream leader --timeout 60 -- uptime
+      only host 0's output; every host's command ends within a minute"""
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser("run", help="run a Python script on every host of a slice, as "
@@ -62,7 +70,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     r.set_defaults(func=_run)
     e = sub.add_parser("exec", help="run a command on every host of a slice (no JAX), each "
-                                    "line prefixed with its host")
+                                    "line prefixed with its host",
+                       epilog=EXEC_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_option_flags(e, EXEC_OPTIONS, defaults={"stream": "all"})
     e.add_argument("command", nargs=argparse.REMAINDER,
                    help="after --: one string runs in the shell, several words as a program")

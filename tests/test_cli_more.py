@@ -1,10 +1,11 @@
 """The shell as a first-class citizen: `remote-tpu run` finds a script the
 way a Ray job's entrypoint is found, `jobs status` reads as text, `jobs logs`
-reads every host's log and its tail. Subprocesses of the real command
-against real agents."""
+reads every host's log and its tail, every command's --help ends with
+examples. Subprocesses of the real command against real agents."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -206,3 +207,34 @@ def test_jobs_logs_of_several_processes_per_host_name_each_process(slice_, tmp_p
     done = _cli(slice_, "jobs", "logs", "--host", "4", job_id)
     assert "has 4 processes (2 host(s) x 2), one log each: there is no --host 4; give " \
            "--host 0 to 3" in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------- help
+
+def _parsers(p: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    yield path, p
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _parsers(child, (*path, name))
+
+
+@pytest.mark.timeout(60)
+def test_every_command_has_examples_and_every_flag_says_what_it_is():
+    from remote_tpu._cli import parser
+
+    commands = list(_parsers(parser()))
+    assert len(commands) >= 14
+    for path, p in commands:
+        said = p.format_help()
+        examples = said[said.index("\nexamples:\n"):] if "\nexamples:\n" in said else ""
+        assert 2 <= examples.count("\n  remote-tpu ") + examples.count(
+            "\n  REMOTE_TPU_HOSTS=") <= 3, (path, said)
+        silent = [a.option_strings or a.dest for a in p._actions
+                  if not a.help and not isinstance(a, argparse._SubParsersAction)]
+        assert not silent, (path, silent)
+    # As a shell shows it.
+    done = subprocess.run([sys.executable, "-m", "remote_tpu", "jobs", "logs", "--help"],
+                          capture_output=True, text=True, timeout=30)
+    assert "-f, --follow   keep printing what the job writes until it ends" in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1].startswith("  remote-tpu jobs logs")
