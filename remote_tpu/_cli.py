@@ -119,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
                                 epilog=EPILOGS[None], formatter_class=RawHelp)
     p.add_argument("--version", action="version", version=f"remote-tpu {__version__}",
                    help="print the client's version and exit")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
     v = _command(sub, "version", "print client (and, with --hosts, agent) versions")
     v.add_argument("--hosts", default="", help="an agent address to ask as well")
     v.set_defaults(func=_version)
@@ -146,6 +146,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    if args.command is None:
+        p.error("give a command: run, exec, jobs, doctor, local, release or version "
+                "(`remote-tpu --help` says what each does)")
     if args.command == "local":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:

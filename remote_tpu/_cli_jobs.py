@@ -10,11 +10,13 @@ import argparse
 import collections
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING
 
+from ._core.addresses import HOSTS_ENV
 from ._core.exceptions import ConfigurationError
 from ._core.proto import remote_tpu_pb2 as pb
 from ._option_checks import hosts_text
@@ -65,7 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=JOBS_HELP + ", of the slice behind --hosts (or\n"
                        "$REMOTE_TPU_HOSTS), the token as for run", epilog=JOBS_EPILOG,
                        formatter_class=RawHelp)
-    jsub = j.add_subparsers(dest="action", required=True)
+    jsub = j.add_subparsers(dest="action", metavar="ACTION")
     for action, (text, epilog) in ACTIONS.items():
         a = jsub.add_parser(action, help=text, epilog=epilog, formatter_class=RawHelp,
                             description=text + (LOGS_ORDER if action == "logs" else ""))
@@ -86,7 +88,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             a.add_argument("--tail", type=line_count, default=None, metavar="N",
                            help="only the last N lines of each host's log (with -f: "
                                 "then what comes)")
-    j.set_defaults(func=run)
+    j.set_defaults(func=run, jobs_parser=j)
 
 
 def host_choice(text: str) -> int | str:
@@ -118,6 +120,14 @@ def line_count(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from ._jobs import attach, jobs
 
+    if args.action is None:
+        args.jobs_parser.error(f"give what to do: {', '.join(ACTIONS)} (`remote-tpu jobs "
+                               "--help` says what each does)")
+    if not args.hosts.strip() and not os.environ.get(HOSTS_ENV, "").strip():
+        raise ConfigurationError(
+            "which slice? give the address of its gateway (any agent of it) with --hosts, "
+            f"e.g. --hosts 10.0.0.2, or set {HOSTS_ENV} (`remote-tpu local` prints one for "
+            "a local slice)")
     hosts = hosts_text(args.hosts)
     if args.action == "list":
         print_list(jobs(hosts))

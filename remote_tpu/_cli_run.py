@@ -64,7 +64,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_option_flags(r, [o.name for o in OPTIONS])
     r.add_argument("--detach", action="store_true",
                    help="submit and print the job id; `remote-tpu jobs` follows it")
-    r.add_argument("script", help="the script (sent by content; with --working-dir, run "
+    r.add_argument("script", nargs="?", help="the script (sent by content; with --working-dir, run "
                                   "from the project's copy on each host): a relative path "
                                   "is looked for in --working-dir first, then here")
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -216,6 +216,10 @@ def _remote(args: argparse.Namespace, fn, **extra):
 def _run(args: argparse.Namespace) -> int:
     from ._script import ScriptExit, run_script
 
+    if not args.script:
+        print("remote-tpu run: give the script to run, after the options, e.g. "
+              "`remote-tpu run --hosts 10.0.0.2 train.py --lr 0.1`", file=sys.stderr)
+        return 2
     try:
         found, note = find_script(args.script, args.working_dir)
         with open(found, encoding="utf-8") as f:

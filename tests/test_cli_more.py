@@ -238,3 +238,25 @@ def test_every_command_has_examples_and_every_flag_says_what_it_is():
                           capture_output=True, text=True, timeout=30)
     assert "-f, --follow   keep printing what the job writes until it ends" in done.stdout
     assert done.stdout.rstrip().splitlines()[-1].startswith("  remote-tpu jobs logs")
+
+
+@pytest.mark.timeout(60)
+def test_a_command_missing_its_slice_script_or_action_says_what_to_give():
+    env = {k: v for k, v in os.environ.items() if k != "REMOTE_TPU_HOSTS"}
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "remote_tpu", *argv], env=env,
+                              capture_output=True, text=True, timeout=30)
+
+    done = cli("jobs", "status", "train-3f2a9c0d1e2f")
+    assert done.returncode == 1
+    assert "which slice? give the address of its gateway (any agent of it) with --hosts, " \
+           "e.g. --hosts 10.0.0.2, or set REMOTE_TPU_HOSTS" in done.stderr, done.stderr
+    done = cli("jobs")
+    assert done.returncode == 2
+    assert "give what to do: list, status, logs, result, cancel, stacks" in done.stderr
+    done = cli()
+    assert done.returncode == 2 and "give a command: run, exec, jobs" in done.stderr
+    done = cli("run", "--detach")
+    assert done.returncode == 2
+    assert "give the script to run, after the options, e.g." in done.stderr
