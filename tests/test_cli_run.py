@@ -162,12 +162,16 @@ def test_allow_jax_requirements_lets_a_requirement_name_cloudpickle(slice_, tmp_
 
 @pytest.mark.timeout(120)
 def test_retries_run_a_failed_script_again(slice_, tmp_path):
+    # The first attempt fails on the leader only, once its line is out: a
+    # leader cancelled because another host failed first may not print it.
     script = _script(tmp_path, """
-        import os, sys
+        import os, sys, time
         attempt = os.environ.get("REMOTE_TPU_ATTEMPT")
-        print("attempt", attempt)
+        print("attempt", attempt, flush=True)
         if attempt in (None, "0"):
-            sys.exit(5)
+            if os.environ["REMOTE_TPU_HOST_INDEX"] == "0":
+                sys.exit(5)
+            time.sleep(30)
     """)
     done = _cli(slice_, "run", "--retries", "1", script)       # (10 s between attempts)
     assert done.returncode == 0, done.stdout + done.stderr
