@@ -175,14 +175,27 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
     finally:
         if stream.lane is not None:
             call_lane.opened(target.gateway, target.credentials, stream.lane)
-        if spec.collect_outputs and not interrupted:    # the job's files, failed or not
-            from ._output_files import collect
-            collect(target, job_id, options.output_dir)
+        if options.output_dir and not interrupted:      # the job's files, failed or not
+            _say_where_outputs_are(target, job_id, options.output_dir, spec.collect_outputs)
         if options.profile and not interrupted:
             where = f"{options.output_dir}/{job_id}"
             print(f"remote_tpu: every host's jax.profiler trace of job {job_id} is under "
                   f"{where}/host_*/plugins/profile/ (view them: tensorboard --logdir {where}, "
                   "or XProf)", file=sys.stderr, flush=True)
+
+
+def _say_where_outputs_are(target: Target, job_id: str, output_dir: str,
+                           collect_here: bool) -> None:
+    """One line at the end of a call with ``output_dir=``: where its files
+    are (a local one: brought here first, and how many)."""
+    where = f"{output_dir.rstrip('/')}/{job_id}/"
+    if collect_here:
+        from ._output_files import collect
+        files = collect(target, job_id, output_dir)
+        said = f"{len(files)} file{'s' if len(files) != 1 else ''} under {where}"
+    else:
+        said = f"under {where} (each host's, uploaded by its agent)"
+    print(f"remote_tpu: job {job_id}'s output files: {said}", file=sys.stderr, flush=True)
 
 
 def _say_cancelled(options: RunOptions, job_id: str, surely: bool = True) -> None:
