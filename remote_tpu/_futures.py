@@ -8,14 +8,19 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
-from ._core.exceptions import RemoteTPUError
+from ._core.exceptions import AgentUnavailableError, RemoteTPUError
 from ._core.user_source import cut_sdk_frames
 
 logger = logging.getLogger(__name__)
 _watching = threading.Lock()         # one watching thread per handle
+# A watching thread that loses its gateway (a network blip, an agent
+# restarting) asks again, for up to this long in a row, before its Future ends
+# with the error: a job may run for hours, and its end is what it waits for.
+WATCH_PATIENCE = 600.0
 
 
 def of_the_job(future: concurrent.futures.Future) -> bool:
@@ -111,8 +116,12 @@ class AsFuture:
         Raises ``JobTimeoutError`` (a ``TimeoutError``) if it has not ended
         within ``timeout`` seconds, and what keeps the answer from coming (an
         unreachable gateway, say)."""
-        if self.wait(timeout).state == "SUCCEEDED":
-            return None
+        try:
+            if self.wait(timeout).state == "SUCCEEDED":
+                return None
+        except Exception as exc:
+            tag_job(exc, self._id)
+            raise
         try:
             self.result()
         except Exception as exc:
@@ -128,14 +137,34 @@ class AsFuture:
         same one each time; its ``cancel()`` is refused (``handle.cancel()``
         stops the job)."""
         with _watching:
-            if self._future is None:
-                self._future = in_thread(self.result, name=f"remote_tpu job {self._id}")
+            if self._future is None or (self._future.done() and
+                                        not of_the_job(self._future)):
+                # (none yet, or one that ended without the job's end: ask anew)
+                self._future = in_thread(self._watch, name=f"remote_tpu job {self._id}")
             return self._future
 
+    def _watch(self) -> Any:
+        """``result()``, asked again while the gateway cannot be reached (for
+        ``WATCH_PATIENCE`` seconds in a row at most): a Future, a callback or an
+        ``await`` waits for the job's end, not for the first blip."""
+        lost_since = None
+        while True:
+            try:
+                return self.result()
+            except AgentUnavailableError:
+                now = time.monotonic()
+                lost_since = lost_since if lost_since is not None else now
+                if now - lost_since >= WATCH_PATIENCE:
+                    raise
+                time.sleep(min(5.0, 0.5 + (now - lost_since) / 10))
+
     def add_done_callback(self, fn: Callable[[Any], Any]) -> None:
-        """Call ``fn(handle)`` once the job has ended (at once if it has), in
-        the thread that watched it; an exception it raises is logged, as
-        ``concurrent.futures`` does, not raised."""
+        """Call ``fn(handle)`` once the job has ended, in the thread that
+        watched it (at once, in this thread, where that thread has fetched its
+        end already); an exception it raises is logged, as
+        ``concurrent.futures`` does, not raised. A gateway out of reach is
+        asked again for up to ``WATCH_PATIENCE`` seconds before ``fn`` runs
+        with the job's end unknown (``handle.exception()`` then raises)."""
         self.future().add_done_callback(lambda _: fn(self))
 
     def __await__(self) -> Generator[Any, None, Any]:

@@ -222,3 +222,29 @@ print("values", values, await step.submit(5))
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_a_gateway_out_of_reach_for_a_moment_does_not_end_the_future(pair, monkeypatch):
+    """The thread behind ``future()``, ``await`` and callbacks asks again when
+    the gateway cannot be reached for a moment (here: once), rather than
+    ending with that error for good and calling back while the job runs."""
+    from remote_tpu._core.exceptions import AgentUnavailableError
+    from remote_tpu._jobs import JobHandle
+    handle = _step(pair).submit(42, 1.0)
+    real, failures = JobHandle._result, []
+
+    def blip(self, timeout):
+        if not failures:
+            failures.append(1)
+            raise AgentUnavailableError("the gateway did not answer (a blip)")
+        return real(self, timeout)
+    monkeypatch.setattr(JobHandle, "_result", blip)
+    called: list[bool] = []
+    handle.add_done_callback(lambda h: called.append(h.done()))
+    assert handle.future().result(timeout=60) == 42 and failures == [1]
+    assert asyncio.run(_awaited(handle)) == 42
+    assert wait_until(lambda: called, 10) and called == [True]     # at its end only
+
+
+async def _awaited(handle):
+    return await handle
