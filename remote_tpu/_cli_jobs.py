@@ -105,15 +105,19 @@ def host_choice(text: str) -> int | str:
     return host
 
 
+MAX_TAIL = 10_000_000      # lines of --tail: more is every line, said so
+
+
 def line_count(text: str) -> int:
-    """``--tail``: a number of lines, 1 or more."""
+    """``--tail``: a number of lines, 0 (with ``-f``: new lines only) or more."""
     try:
         n = int(text)
     except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines: give 1 or "
-                                         "more, e.g. --tail 100")
+        n = -1
+    if not 0 <= n <= MAX_TAIL:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of lines: give 0 to {MAX_TAIL:,}, e.g. --tail 100 "
+            "(every line: leave --tail out; only new ones: --tail 0 -f)")
     return n
 
 
@@ -142,8 +146,12 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(status_block(reply, time.time()))
     elif args.action == "logs":
         print_logs(handle, args.host, args.tail, args.follow, sys.stdout)
-    elif args.action == "result":
-        print(repr(handle.result()))
+    elif args.action == "result":               # ended as `remote-tpu run` ends a script
+        from ._cli_run import script_status
+        status, value = script_status(handle.result)
+        if value is not None:
+            print(repr(value))
+        return status
     elif args.action == "cancel":
         print(handle.cancel().state)
     elif args.action == "stacks":
@@ -315,7 +323,7 @@ def last_lines(handle: JobHandle, hosts: Sequence[int], n: int
     tails = {}
     for h in hosts:
         kept = list(lines[h]) + ([held[h]] if held[h] else [])
-        tails[h] = b"".join(kept[-n:])
+        tails[h] = b"".join(kept[-n:] if n else [])
     return tails, [ends[h] for h in hosts]
 
 

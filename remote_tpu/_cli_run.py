@@ -214,7 +214,7 @@ def _remote(args: argparse.Namespace, fn, **extra):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ._script import ScriptExit, run_script
+    from ._script import run_script
 
     if not args.script:
         print("remote-tpu run: give the script to run, after the options, e.g. "
@@ -250,26 +250,35 @@ def _run(args: argparse.Namespace) -> int:
               f"{handle.id} --hosts {handle._target.gateway}` and `remote-tpu jobs result "
               f"{handle.id} --hosts {handle._target.gateway}`")
         return 0
+    return script_status(lambda: fn(source, path, list(args.args), args.script))[0]
+
+
+def script_status(call: Callable[[], Any]) -> tuple[int, Any]:
+    """``call()`` (a script's run, or its detached job's result), ended as a
+    shell ends a script: (exit status, value). A ``sys.exit(n)``: n; Ctrl-C:
+    130; the script's error: its traceback on its host and the hosts'
+    summary, 1. remote_tpu's own errors go on to the command line (status 1)."""
+    from ._script import ScriptExit
+
     try:
-        fn(source, path, list(args.args), args.script)
+        return 0, call()
     except ScriptExit as exc:
         if isinstance(exc.code, int):
-            return exc.code & 0xFF or 1
+            return exc.code & 0xFF or 1, None
         print(exc.code, file=sys.stderr)
-        return 1
+        return 1, None
     except KeyboardInterrupt:
-        return 130
+        return 130, None
     except BrokenPipeError:
         raise                                        # stdout's reader left (_cli.main)
     except RemoteError as exc:                       # the script's, not rebuilt here
         _print_script_error(exc)
-        return 1
+        return 1, None
     except RemoteTPUError:
         raise                                        # said by the command line, status 1
     except Exception as exc:  # noqa: BLE001 - the script's own error, as Python shows it
         _print_script_error(exc)
-        return 1
-    return 0
+        return 1, None
 
 
 def _print_script_error(exc: BaseException) -> None:

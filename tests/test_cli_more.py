@@ -158,6 +158,10 @@ def test_jobs_logs_of_every_host_and_their_tails(slice_, tmp_path):
     assert done.stdout == "line 2 of 1\nline 3 of 1\nunfinished 1", done.stdout
     done = _cli(slice_, "jobs", "logs", "-f", "--tail", "1", job_id)     # ended: no wait
     assert done.stdout == "unfinished 0", done.stdout
+    done = _cli(slice_, "jobs", "logs", "--tail", "0", job_id)           # none of them
+    assert (done.returncode, done.stdout) == (0, ""), done.stderr
+    done = _cli(slice_, "jobs", "logs", "--tail", "10000000", job_id)    # the most: all
+    assert done.stdout.endswith("line 3 of 0\nunfinished 0"), done.stdout
 
 
 @pytest.mark.slow
@@ -188,9 +192,11 @@ def test_jobs_logs_says_what_is_wrong_with_its_flags(slice_, tmp_path):
     assert done.returncode == 1
     assert f"job {job_id} has 2 host(s): there is no --host 7; give --host 0 to 1, or " \
            "--host all" in done.stderr, done.stderr
-    done = _cli(slice_, "jobs", "logs", "--tail", "-3", job_id)
-    assert done.returncode == 2
-    assert "argument --tail: '-3' is not a number of lines: give 1 or more" in done.stderr
+    for bad in ("-3", "99999999999999999999", "x"):
+        done = _cli(slice_, "jobs", "logs", "--tail", bad, job_id)
+        assert done.returncode == 2
+        assert f"argument --tail: '{bad}' is not a number of lines: give 0 to 10,000,000" \
+            in done.stderr, done.stderr
     done = _cli(slice_, "jobs", "logs", "--host", "last", job_id)
     assert done.returncode == 2
     assert "argument --host: 'last' is not a host: give a host's index (0, 1, ...) or all" \
@@ -260,3 +266,25 @@ def test_a_command_missing_its_slice_script_or_action_says_what_to_give():
     done = cli("run", "--detach")
     assert done.returncode == 2
     assert "give the script to run, after the options, e.g." in done.stderr
+
+
+@pytest.mark.slow
+def test_jobs_result_ends_as_run_ends_the_script(slice_, tmp_path):
+    """`remote-tpu jobs result` of a detached script (what `run --detach`
+    points to) ends as `remote-tpu run` would have: the script's exit status
+    and traceback, not the command's own (before: the CLI's traceback of
+    ScriptExit, status 1, and "None" for a script that succeeded)."""
+    _write(tmp_path / "exits.py", "import sys\nprint('bye')\nsys.exit(5)\n")
+    _write(tmp_path / "fails.py", "def step():\n    raise ValueError('bad step')\nstep()\n")
+    _write(tmp_path / "works.py", "print('fine')\n")
+    ended = {}
+    for name in ("exits", "fails", "works"):
+        job_id = _cli(slice_, "run", "--no-jax", "--detach",
+                      str(tmp_path / f"{name}.py")).stdout.split()[1]
+        ended[name] = _cli(slice_, "jobs", "result", job_id)
+    assert (ended["exits"].returncode, ended["exits"].stdout) == (5, "")
+    assert "Traceback" not in ended["exits"].stderr, ended["exits"].stderr
+    assert ended["fails"].returncode == 1
+    assert "ValueError: bad step" in ended["fails"].stderr
+    assert "_cli" not in ended["fails"].stderr, ended["fails"].stderr     # none of ours
+    assert (ended["works"].returncode, ended["works"].stdout) == (0, ""), ended["works"]
