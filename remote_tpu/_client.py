@@ -192,7 +192,8 @@ def _say_where_outputs_are(target: Target, job_id: str, output_dir: str,
     if collect_here:
         from ._output_files import collect
         files = collect(target, job_id, output_dir)
-        said = f"{len(files)} file{'s' if len(files) != 1 else ''} under {where}"
+        said = (f"{len(files)} file{'s' if len(files) != 1 else ''} under {where}" if files
+                else f"none: no host wrote any (they would be under {where})")
     else:
         said = f"under {where} (each host's, uploaded by its agent)"
     print(f"remote_tpu: job {job_id}'s output files: {said}", file=sys.stderr, flush=True)

@@ -91,9 +91,10 @@ def hosts(value: str | Sequence[str] | None, get: Get) -> tuple[Hosts, tuple[Hos
 def timeout(value: float | None, get: Get) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigurationError(f"timeout must be a positive number of seconds or None, "
-                                 f"got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not 0 < value < float("inf"):        # (nan is neither: refused too)
+        raise ConfigurationError(f"timeout must be a positive, finite number of seconds "
+                                 f"(or none at all), got {value!r}")
     return float(value)
 
 

@@ -37,8 +37,10 @@ def test_wrapper_keeps_name_doc_and_runs_locally():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"stream": "some"}, "stream='some' is not one of leader, all, none"),
-    ({"timeout": -1}, "timeout must be a positive number"),
-    ({"timeout": "10"}, "timeout must be a positive number"),
+    ({"timeout": -1}, "timeout must be a positive, finite number"),
+    ({"timeout": "10"}, "timeout must be a positive, finite number"),
+    ({"timeout": float("nan")}, "timeout must be a positive, finite number"),
+    ({"timeout": float("inf")}, "timeout must be a positive, finite number"),
     ({"env": {"A": 1}}, "must be a string"),
     ({"env": {"1A": "x"}}, "not a valid variable name"),
     ({"env": ["A=1"]}, "must be a mapping"),
@@ -138,7 +140,7 @@ def test_a_misspelt_variable_warns_once_with_the_nearest_name(monkeypatch):
 
 BAD_VARIABLES = [
     ("REMOTE_TPU_STREAM", "everything", "is not one of leader, all, none"),
-    ("REMOTE_TPU_TIMEOUT", "-3", "positive number of seconds"),
+    ("REMOTE_TPU_TIMEOUT", "-3", "positive, finite number of seconds"),
     ("REMOTE_TPU_TIMEOUT", "soon", "not a number of seconds"),
     ("REMOTE_TPU_ACCELERATOR", "tpu-v4-9", "Nearest valid: tpu-v4-8 or tpu-v4-16"),
     ("REMOTE_TPU_WORKING_DIR", "/no/such/dir", "is not a directory"),
