@@ -111,7 +111,7 @@ class GatewayJob:
         self.end = JobEnding(spec=spec, n=self.n, events=self.events, locals_=self.locals,
                              remotes=self.remotes, warm_call=warm is not None,
                              session=bool(self.session_id), preempted=preempted)
-        self.permanent = False            # a peer refused us for good (_preflight)
+        self.permanent = False            # a peer refused us for good (gateway.preflight)
         self._emit_warm = ParkedWakes(self.events, self.n)    # a warm call's events
 
     @property
@@ -193,7 +193,7 @@ class GatewayJob:
             record=session_record(store, self.spec, self.session_id))
 
     def _preflight(self) -> list[pb.HostReport]:
-        """(``_preflight``; in a warm session, the peers answered when it
+        """(``gateway.preflight``; in a warm session, the peers answered when it
         started: a peer gone since fails its call, and so the session.)"""
         if self.reuse is not None:
             return []

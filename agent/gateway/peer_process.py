@@ -2,7 +2,7 @@
 host's agent (the peer role, ``peer.role``), or the same on the gateway's link to
 it (``wire.peer_link``), relayed as if it were a local worker. In a warm session
 the call stays open between calls and carries each next one (``next_call``),
-or the session's lane does once the peer has offered one (``_lane``); ``stop``
+or the session's lane does once the peer has offered one (``wire.peer_lane``); ``stop``
 ends it, and so the peer's worker."""
 
 from __future__ import annotations

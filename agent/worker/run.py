@@ -63,7 +63,7 @@ class WorkerRun:
                  spares: Spares | None = None) -> None:
         self.host = host
         self._spares = spares
-        self._adopted = False             # its process was a spare (``_spares``)
+        self._adopted = False             # its process was a spare (``worker.spares``)
         self.call = call
         self.warm = warm
         self.calls = 1                    # calls this process has been given
@@ -269,7 +269,7 @@ class WorkerRun:
             park = self.warm and self.report.state == pb.HOST_STATE_SUCCEEDED and self.alive
             report = pb.HostReport()
             report.CopyFrom(self.report)
-            report.warm = park          # its `exited` (warm) follows at once: see _peer
+            report.warm = park          # its `exited` (warm) follows at once: see peer.call
             self.parked = self.parked or park
             emit = self._emit
             if park:
