@@ -180,6 +180,10 @@ def find_script(script: str, working_dir: str | None) -> tuple[str, str]:
     script runs there, as a Ray job's entrypoint does), then in this
     directory; where both have a different file, the working dir's is run and
     the note says so. None there: ScriptNotFound names every place looked."""
+    if working_dir and not os.path.isdir(working_dir):
+        raise ScriptNotFound(f"--working-dir {working_dir!r} is not a directory here "
+                             f"({os.path.abspath(working_dir)}): give the project's path "
+                             "from this directory")
     if os.path.isabs(script) or not working_dir:
         if not os.path.exists(script):
             raise ScriptNotFound(f"cannot find the script {script!r}: there is no "
@@ -198,6 +202,15 @@ def find_script(script: str, working_dir: str | None) -> tuple[str, str]:
                             f"dir's (to run this directory's, give its full path, "
                             f"{os.path.abspath(script)})")
     return there[0][0], ""
+
+
+def _in_project(value: str, working_dir: str) -> str:
+    """A ``--requirements`` file named from the project, as the script may
+    be: looked for here first, then in ``--working-dir``."""
+    if os.path.isabs(value) or os.path.isfile(value):
+        return value
+    in_project = os.path.join(working_dir, value)
+    return in_project if os.path.isfile(in_project) else value
 
 
 def _remote(args: argparse.Namespace, fn, **extra):
@@ -232,6 +245,9 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     if note:
         print(f"remote-tpu run: {note}", file=sys.stderr)
+    if args.working_dir and getattr(args, "requirements", None):
+        args.requirements = [_in_project(value, args.working_dir)
+                             for value in args.requirements]
     path = os.path.basename(found)
     if args.working_dir:
         inside = os.path.relpath(os.path.abspath(found), os.path.abspath(args.working_dir))

@@ -253,8 +253,9 @@ OPTIONS: tuple[Option, ...] = (
            "which starts faster)",
            spec=_same("skip_jax_init", "init_jax", lambda v: not v),
            flag=Flag(flag="--no-jax", switch=False,
-                     help="no jax import and no jax.distributed in the worker: non-JAX "
-                          "work, which starts faster")),
+                     help="no jax.distributed in the worker (and no jax import of "
+                          "its own; a spare worker may have imported jax already): "
+                          "non-JAX work, which starts faster")),
     Option("working_dir", "str | os.PathLike | None", None, check.working_dir,
            "a project directory sent to every host and run in",
            env="REMOTE_TPU_WORKING_DIR", means="none",

@@ -98,6 +98,23 @@ def test_a_missing_script_names_every_place_looked(slice_, tmp_path):
     done = _cli(slice_, "run", "nowhere.py", cwd=str(tmp_path))
     assert done.returncode == 2
     assert f"there is no {tmp_path / 'nowhere.py'}" in done.stderr
+    done = _cli(slice_, "run", "--working-dir", "nodir", "train.py", cwd=str(tmp_path))
+    assert done.returncode == 2                    # the directory is what is missing
+    assert f"--working-dir 'nodir' is not a directory here ({tmp_path / 'nodir'})" \
+        in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_a_requirements_file_is_found_in_the_working_dir_as_the_script_is(slice_, tmp_path):
+    """`--requirements requirements.txt` from outside the project reads the
+    project's file (here one that asks for jax, refused before anything runs,
+    which shows it was read; before: "no such file")."""
+    _write(tmp_path / "proj" / "train.py", 'print("ran")\n')
+    _write(tmp_path / "proj" / "requirements.txt", "jax==0.4.1\n")
+    done = _cli(slice_, "run", "--no-jax", "--working-dir", "proj", "--requirements",
+                "requirements.txt", "train.py", cwd=str(tmp_path))
+    assert done.returncode != 0 and "ran" not in done.stdout
+    assert "jax" in done.stderr and "no such file" not in done.stderr, done.stderr
 
 
 # ---------------------------------------------------------------- jobs status
