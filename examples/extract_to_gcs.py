@@ -3,15 +3,18 @@ shard of the inputs and writes what it computed to its output directory, which
 lands in {output_dir}/{job_id}/host_{i}/ (the per-host outputs workload of
 Cloud TPU's multi-host guides).
 
-    python examples/extract_to_gcs.py --output-dir gs://my-bucket/activations \\
+    python examples/extract_to_gcs.py [--output-dir gs://my-bucket/activations] \\
         [--accelerator tpu-v4-16] [--hosts local]
 
-On a real slice pass its agent (--hosts 10.0.0.2) or tpu://NAME?zone=...; the
-hosts upload with their own credentials. Against a local GCS emulator, set
+Without --output-dir the files come back to a new local temporary directory
+(named at the end). On a real slice pass its agent (--hosts 10.0.0.2) or
+tpu://NAME?zone=... and a gs:// --output-dir; the hosts upload with their own
+credentials. Against a local GCS emulator, set
 STORAGE_EMULATOR_HOST=http://127.0.0.1:PORT first (the tests do).
 """
 
 import argparse
+import tempfile
 
 import remote_tpu
 
@@ -48,13 +51,16 @@ def extract(num_examples: int, width: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output-dir", required=True, help="gs://bucket/prefix")
+    parser.add_argument("--output-dir", default="",
+                        help="gs://bucket/prefix, or a local directory (default: a new "
+                             "temporary one)")
     parser.add_argument("--accelerator", default="tpu-v4-16")
     parser.add_argument("--hosts", default="local")
     parser.add_argument("--examples", type=int, default=64)
     args = parser.parse_args()
+    output = args.output_dir or tempfile.mkdtemp(prefix="remote-tpu-activations-")
     run = remote_tpu.run(accelerator=args.accelerator, hosts=args.hosts,
-                         output_dir=args.output_dir)(extract)
+                         output_dir=output)(extract)
     handle = run.submit(args.examples, 16)
     print("returned:", handle.result())
     for uri in handle.outputs():

@@ -25,9 +25,8 @@ from ._core import data_wire
 from ._core.data_wire import read_frame, send_frame
 from ._core.proto import remote_tpu_pb2 as pb
 
-CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_CANCEL,
-                                   data_wire.CALL_LANE_EVENT, data_wire.CALL_LANE_END,
-                                   data_wire.CALL_LANE_ERROR)
+CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL, data_wire.CANCEL, data_wire.EVENT,
+                                   data_wire.END, data_wire.ERROR)   # (protos/: FrameKind)
 
 # A gateway silent this long (its host gone, the network cut) counts as gone.
 SILENCE_SECONDS = 10.0

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
 
 from ._core.exceptions import RemoteTPUError
 from ._core.addresses import HOSTS_ENV
-from ._core.versions import local_versions
+from ._core.versions import __version__, local_versions
+from ._cli_jobs import add_parser as add_jobs_parser
 from ._cli_run import add_parsers, hosts_arg as _hosts_arg
-
-if TYPE_CHECKING:
-    from ._jobs import JobStatus
 
 
 def _version(args: argparse.Namespace) -> int:
@@ -53,52 +49,6 @@ def _local(args: argparse.Namespace) -> int:
     return 0
 
 
-def job_detail(j: JobStatus) -> str:
-    """The DETAIL column of ``jobs list``: a queued job's place in the queue
-    (nothing may be ahead of it: the slice is about to be its own)."""
-    if j.state != "QUEUED":
-        return j.detail
-    place = f"behind {j.queued_behind}" if j.queued_behind else "next in line"
-    if j.queue_position:
-        place += f" (position {j.queue_position})"
-    return f"{place}; {j.detail}" if j.detail else place
-
-
-def _jobs(args: argparse.Namespace) -> int:
-    import datetime
-
-    from ._jobs import attach, jobs
-
-    hosts = _hosts_arg(args.hosts)
-    if args.action == "list":
-        rows = jobs(hosts)
-        print(f"{'JOB':<44} {'STATE':<10} {'ACCELERATOR':<18} {'CREATED':<19} DETAIL")
-        for j in rows:
-            created = datetime.datetime.fromtimestamp(j.created_at).strftime("%Y-%m-%d %H:%M:%S")
-            print(f"{j.id:<44} {j.state:<10} {j.accelerator:<18} {created:<19} "
-                  f"{job_detail(j)}")
-        return 0
-    handle = attach(args.job_id, hosts)
-    if args.action == "status":
-        s = handle.status()
-        print(json.dumps(dataclasses.asdict(s), indent=2))
-    elif args.action == "logs":
-        if args.follow:
-            for text in handle.logs(host=args.host, follow=True):
-                sys.stdout.write(text)
-                sys.stdout.flush()
-        else:
-            sys.stdout.write(handle.logs(host=args.host))
-    elif args.action == "result":
-        print(repr(handle.result()))
-    elif args.action == "cancel":
-        print(handle.cancel().state)
-    elif args.action == "stacks":
-        for host, text in sorted(handle.stacks().items()):
-            print(f"===== host {host} =====\n{text.rstrip()}\n")
-    return 0
-
-
 def _release(args: argparse.Namespace) -> int:
     from ._jobs import release_targets
     from ._target import running_targets
@@ -132,45 +82,73 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="remote-tpu", description="remote_tpu client tools")
-    sub = p.add_subparsers(dest="command", required=True)
-    v = sub.add_parser("version", help="print client (and, with --hosts, agent) versions")
+RawHelp = argparse.RawDescriptionHelpFormatter
+
+EPILOGS = {
+    None: """examples:
+  remote-tpu run --accelerator tpu-v4-16 --hosts local train.py
+  remote-tpu jobs list --hosts 10.0.0.2
+  remote-tpu doctor 10.0.0.2
+
+each command's own: remote-tpu COMMAND --help""",
+    "version": """examples:
+  remote-tpu version
+  remote-tpu version --hosts 10.0.0.2          the agent's versions too""",
+    "local": """examples:
+  remote-tpu local                             a tpu-v4-16: 2 agents on this machine
+  remote-tpu local --accelerator tpu-v5p-32    4 agents; other shells use them with
+      the REMOTE_TPU_HOSTS and REMOTE_TPU_TOKEN it prints""",
+    "doctor": """examples:
+  remote-tpu doctor 10.0.0.2
+  remote-tpu doctor                            the slice of $REMOTE_TPU_HOSTS
+  remote-tpu doctor 10.0.0.2 10.0.1.2          two slices, and the DCN between them""",
+    "release": """examples:
+  remote-tpu release --hosts 10.0.0.2
+  REMOTE_TPU_HOSTS=10.0.0.2 remote-tpu release""",
+}
+
+
+def _command(sub: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=text, description=text, epilog=EPILOGS[name],
+                          formatter_class=RawHelp)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The whole command line: every command, its flags and examples."""
+    p = argparse.ArgumentParser(prog="remote-tpu", description="remote_tpu client tools",
+                                epilog=EPILOGS[None], formatter_class=RawHelp)
+    p.add_argument("--version", action="version", version=f"remote-tpu {__version__}",
+                   help="print the client's version and exit")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    v = _command(sub, "version", "print client (and, with --hosts, agent) versions")
     v.add_argument("--hosts", default="", help="an agent address to ask as well")
     v.set_defaults(func=_version)
-    loc = sub.add_parser("local", help="start a local simulated slice and keep it up")
-    loc.add_argument("--accelerator", default="tpu-v4-16")
+    loc = _command(sub, "local", "start a local simulated slice and keep it up")
+    loc.add_argument("--accelerator", default="tpu-v4-16",
+                     help="the slice to simulate: one agent per host (default tpu-v4-16)")
     loc.set_defaults(func=_local)
-    d = sub.add_parser("doctor", help="check every host of a slice: reachable, versions, "
-                                      "slice shape, TPU lock")
+    d = _command(sub, "doctor", "check every host of a slice: reachable, versions, "
+                                "slice shape, TPU lock")
     d.add_argument("hosts", nargs="*", help="an agent address of the slice (default "
                                             "REMOTE_TPU_HOSTS); several slices: one of "
                                             "each, slice 0 first (their DCN links are "
                                             "checked too)")
     d.set_defaults(func=_doctor)
-    r = sub.add_parser("release", help="end a slice's warm workers (keep_warm) now")
+    r = _command(sub, "release", "end a slice's warm workers (keep_warm) now")
     r.add_argument("--hosts", default="", help="an agent address of the slice "
                                                "(default REMOTE_TPU_HOSTS)")
     r.set_defaults(func=_release)
-    j = sub.add_parser("jobs", help="jobs on a slice: list, status, logs, result, cancel, "
-                                    "stacks (--hosts or REMOTE_TPU_HOSTS)")
-    jsub = j.add_subparsers(dest="action", required=True)
-    for action, text in (("list", "the jobs the gateway knows, newest first"),
-                         ("status", "one job's state"), ("logs", "a host's output"),
-                         ("result", "the value process 0 returned (or the error)"),
-                         ("cancel", "stop a job on every host"),
-                         ("stacks", "every host's Python stacks, now")):
-        a = jsub.add_parser(action, help=text)
-        a.add_argument("--hosts", default="", help="the gateway's address (any agent of "
-                                                   "the slice with worker 0 first)")
-        if action != "list":
-            a.add_argument("job_id")
-        if action == "logs":
-            a.add_argument("-f", "--follow", action="store_true")
-            a.add_argument("--host", type=int, default=None, help="host index (default 0)")
-    j.set_defaults(func=_jobs)
+    add_jobs_parser(sub)
     add_parsers(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     args = p.parse_args(argv)
+    if args.command is None:
+        p.error("give a command: run, exec, jobs, doctor, local, release or version "
+                "(`remote-tpu --help` says what each does)")
     if args.command == "local":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
@@ -178,3 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     except RemoteTPUError as exc:
         print(f"remote-tpu: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # stdout's reader is gone (`remote-tpu run x.py | head -1`): a shell's
+        # status for it, and no traceback, now or when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE

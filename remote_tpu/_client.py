@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import socket
 import sys
 import time
@@ -23,19 +22,15 @@ from ._core.channels import BlobsMissing
 from ._core.limits import INLINE_BYTES
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
-from ._core.user_source import SHOW_SDK_FRAMES, show_sdk_frames
 from ._core.versions import versions_pb
 from ._jobs import JobHandle
-from ._options import RunOptions
+from ._option_checks import job_stem
+from ._options import RunOptions, spec_fields
 from ._outcome import outcome, result_request
 from ._render import OutputRenderer
 from ._status import LiveStatus
 from ._core.limits import upload_deadline
 from ._target import Target, resolve_target
-
-_STREAM_MODES = {"leader": pb.STREAM_MODE_LEADER, "all": pb.STREAM_MODE_ALL,
-                 "none": pb.STREAM_MODE_NONE}
-
 
 _client_id = ("", 0)
 
@@ -51,8 +46,7 @@ def client_id() -> str:
 
 
 def new_job_id(name: str) -> str:
-    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", name)[:40].strip("-._") or "job"
-    return f"{stem}-{uuid.uuid4().hex[:12]}"
+    return f"{job_stem(name)}-{uuid.uuid4().hex[:12]}"
 
 
 def _requests(spec: pb.JobSpec, payload: Payload,
@@ -99,42 +93,18 @@ def _target(options: RunOptions) -> Target:
                           tls=options.tls)
 
 
-def _job_env(options: RunOptions) -> dict[str, str]:
-    """The variables the function sees on every host: ``env=``, and the switch
-    that shows the SDK's own frames where it is set here."""
-    env = dict(options.env)
-    if show_sdk_frames():
-        env.setdefault(SHOW_SDK_FRAMES, os.environ[SHOW_SDK_FRAMES])
-    return env
-
-
 def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
           trees: _trees.Trees, attempt: int = 0, earlier: list | None = None,
           submitted: bool = False) -> pb.JobSpec:
     """The job's spec, once the gateway holds its ``trees`` (working_dir=,
     local Data); with retries=, REMOTE_TPU_ATTEMPT says which attempt it is."""
-    topology = options.topology
-    jt = options.jax_timeouts
     tree, data = _trees.send(target, trees)
     spec = pb.JobSpec(
-        client_versions=versions_pb(), job_id=job_id, accelerator=topology.name,
-        num_hosts=topology.hosts * options.num_slices, num_slices=options.num_slices,
-        role=pb.ROLE_GATEWAY, hosts=target.hosts,
-        stream=_STREAM_MODES[options.stream], env=_job_env(options),
-        timeout_seconds=options.timeout or 0.0,
-        jax_timeouts=pb.JaxTimeouts(initialization_seconds=jt.initialization,
-                                    heartbeat_seconds=jt.heartbeat,
-                                    shutdown_seconds=jt.shutdown),
-        payload_size=payload.nbytes, devices_per_host=topology.devices_per_host,
-        payload_digest=payload.digest(), processes_per_host=options.processes_per_host,
-        keep_warm_seconds=options.keep_warm, client_id=client_id(),
-        skip_jax_init=not options.init_jax, working_dir=tree,
-        output_dir=options.output_dir if options.output_dir.startswith("gs://") else "",
-        collect_outputs=bool(options.output_dir) and not options.output_dir.startswith("gs://"),
-        requirements=list(options.requirements),
-        allow_jax_requirements=options.allow_jax_requirements,
-        data=data, gcs_data=trees.gcs, keep_going=options.keep_going,
-        profile_seconds=options.profile,
+        **spec_fields(options),           # what the options fill themselves (_options)
+        client_versions=versions_pb(), job_id=job_id, role=pb.ROLE_GATEWAY,
+        hosts=target.hosts, payload_size=payload.nbytes, payload_digest=payload.digest(),
+        client_id=client_id(), working_dir=tree, data=data, gcs_data=trees.gcs,
+        keep_going=options.keep_going,
         result_over_data_port=data_wire.worth_trying(target.gateway, target.credentials),
         value_in_end=True,
         offer_lane=bool(options.keep_warm) and not submitted and
@@ -152,15 +122,17 @@ def _spec(options: RunOptions, payload: Payload, job_id: str, target: Target,
 
 
 def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
-         earlier: list | None = None) -> Any:
+         earlier: list | None = None,
+         started: Callable[[str, Target], None] | None = None) -> Any:
     """Run attached: output shown live, the value returned; the job is cancelled
-    on every host if this call is interrupted or this process goes away."""
+    on every host if this call is interrupted or this process goes away.
+    ``started(job_id, target)``: told each job id before it is sent."""
     target = _target(options)
+    if started is not None:
+        started(job_id, target)
     status = LiveStatus(processes=options.topology.hosts * options.num_slices *
                         options.processes_per_host, jax=options.init_jax)
-    # Whether Ctrl-C cancels the call on the slice: "surely" once it went on
-    # the lane to the gateway, "maybe" while gRPC waits for its first event.
-    sent = [""]
+    sending = _Sending(status)
     try:
         trees = _trees.prepare(target, options.working_dir, payload)
         payload, refs = _with_blobs(target, payload, trees, status)
@@ -169,31 +141,23 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
         if options.keep_warm and not target.local:
             _release_at_exit(target)
         status.phase("remote_tpu: waiting for the slice")
-
-        def start(t: Target, lane: bool = True):
-            try:
-                sent[0] = "maybe"
-                if lane and (on_lane := _on_lane(t, spec, payload,
-                                                 lambda: sent.__setitem__(0, "surely"))):
-                    return on_lane
-                sent[0] = "maybe"
-                return _start_run(t, spec, payload, status)
-            except Exception:
-                sent[0] = ""            # (not there: tried again, or given up)
-                raise
+        sending.spec, sending.payload = spec, payload
         try:
-            stream = target.call(start, retry=True)
+            stream = target.call(sending.start, retry=True)
         except BlobsMissing:     # evicted since they were sent: they go inside this time
             payload = payload.inline()
             spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,
                          trees, attempt, earlier)
             job_id = spec.job_id
-            stream = target.call(lambda t: start(t, lane=False), retry=True)
+            if started is not None:
+                started(job_id, target)
+            sending.spec, sending.payload = spec, payload
+            stream = target.call(lambda t: sending.start(t, lane=False), retry=True)
     except BaseException as exc:
         status.close()           # refused or unreachable: the line goes with the call
-        if isinstance(exc, KeyboardInterrupt) and sent[0]:
-            _say_cancelled(options, job_id, surely=sent[0] == "surely")   # (a warm call's
-        raise                                                  # first event can be its end)
+        if isinstance(exc, KeyboardInterrupt) and sending.sent:
+            _say_cancelled(options, job_id, surely=sending.sent == "surely")   # (a warm
+        raise                                           # call's first event can be its end)
     label = "process" if options.processes_per_host > 1 else "host"
     renderer = OutputRenderer(options.stream, label, per_slice=(
         options.topology.hosts * options.processes_per_host if options.num_slices > 1 else 0))
@@ -211,14 +175,28 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
     finally:
         if stream.lane is not None:
             call_lane.opened(target.gateway, target.credentials, stream.lane)
-        if spec.collect_outputs and not interrupted:    # the job's files, failed or not
-            from ._output_files import collect
-            collect(target, job_id, options.output_dir)
+        if options.output_dir and not interrupted:      # the job's files, failed or not
+            _say_where_outputs_are(target, job_id, options.output_dir, spec.collect_outputs)
         if options.profile and not interrupted:
             where = f"{options.output_dir}/{job_id}"
             print(f"remote_tpu: every host's jax.profiler trace of job {job_id} is under "
                   f"{where}/host_*/plugins/profile/ (view them: tensorboard --logdir {where}, "
                   "or XProf)", file=sys.stderr, flush=True)
+
+
+def _say_where_outputs_are(target: Target, job_id: str, output_dir: str,
+                           collect_here: bool) -> None:
+    """One line at the end of a call with ``output_dir=``: where its files
+    are (a local one: brought here first, and how many)."""
+    where = f"{output_dir.rstrip('/')}/{job_id}/"
+    if collect_here:
+        from ._output_files import collect
+        files = collect(target, job_id, output_dir)
+        said = (f"{len(files)} file{'s' if len(files) != 1 else ''} under {where}" if files
+                else f"none: no host wrote any (they would be under {where})")
+    else:
+        said = f"under {where} (each host's, uploaded by its agent)"
+    print(f"remote_tpu: job {job_id}'s output files: {said}", file=sys.stderr, flush=True)
 
 
 def _say_cancelled(options: RunOptions, job_id: str, surely: bool = True) -> None:
@@ -252,6 +230,36 @@ def _release_all() -> None:
                                   metadata=target.credentials.metadata)
         except grpc.RpcError:
             pass                    # its idle time ends them all the same
+
+
+class _Sending:
+    """An attached call on its way to the gateway, up to its first event: on
+    this process's lane to it where there is one, else with ``RunInline`` or
+    ``Run`` (``_start_run``); ``start`` is one attempt (``Target.call`` may
+    make several). ``sent``: whether Ctrl-C cancels the call on the slice:
+    "surely" once it went on the lane, "maybe" while gRPC waits for its first
+    event, "" while it is not there."""
+
+    def __init__(self, status: LiveStatus) -> None:
+        self._status = status
+        self.spec: pb.JobSpec | None = None
+        self.payload: Payload | None = None
+        self.sent = ""
+
+    def start(self, target: Target, lane: bool = True) -> Any:
+        try:
+            self.sent = "maybe"
+            if lane and (on_lane := _on_lane(target, self.spec, self.payload,
+                                             self._surely)):
+                return on_lane
+            self.sent = "maybe"
+            return _start_run(target, self.spec, self.payload, self._status)
+        except Exception:
+            self.sent = ""              # (not there: tried again, or given up)
+            raise
+
+    def _surely(self) -> None:
+        self.sent = "surely"
 
 
 def _on_lane(target: Target, spec: pb.JobSpec, payload: Payload,

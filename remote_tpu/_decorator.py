@@ -11,6 +11,7 @@ from ._core.auth import TLS
 from ._core.serialization import Payload
 from ._core.exceptions import ConfigurationError
 from ._core.user_source import cut_sdk_frames
+from ._futures import CallJob
 from ._jobs import JobHandle
 from ._options import JaxTimeouts, RunOptions, resolve
 from ._core.topology import Topology
@@ -23,32 +24,60 @@ class RemoteFunction(Generic[P, R]):
     """A function that runs on every host of a slice when called.
 
     Calling it blocks until every host has finished and returns process 0's
-    value, or re-raises the root-cause host's exception. ``.local(...)`` calls
-    the plain function in this process.
+    value, or re-raises the root-cause host's exception, which carries the
+    job's id as ``job_id``. ``await fn.aio(...)`` is the same call awaited,
+    ``.submit(...)`` returns a ``JobHandle`` at once, ``last_job``
+    is the handle of the latest call's job (set once its id is known, so also
+    after a call raised or was interrupted; None before any call), and
+    ``.local(...)`` calls the plain function in this process.
     """
 
     def __init__(self, fn: Callable[P, R], options: RunOptions) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self.options = options
+        self.last_job: JobHandle | None = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         __tracebackhide__ = True        # IPython: the user's cell, not the SDK
+        job = CallJob(self._handle)
         try:
-            return self._call(args, kwargs)
+            return self._call(args, kwargs, job)
         except (Exception, KeyboardInterrupt) as exc:
-            raise cut_sdk_frames(exc)
+            raise cut_sdk_frames(job.tagged(exc))
 
-    def _call(self, args: tuple, kwargs: dict) -> R:
+    async def aio(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """The call, awaited: as calling the function (output shown live, the
+        value returned, the remote exception raised again), in a thread of its
+        own, so the event loop (a notebook's too) goes on meanwhile. If the
+        awaiting task is cancelled, the job is cancelled on every host."""
+        __tracebackhide__ = True
+        from ._futures import awaited, in_thread
+
+        job = CallJob(self._handle)
+        running = in_thread(lambda: self._call(args, kwargs, job),
+                            name=f"remote_tpu call {self._name}")
+        try:
+            return await awaited(running, lambda: job.cancel(running))
+        except (Exception, KeyboardInterrupt) as exc:
+            raise cut_sdk_frames(job.tagged(exc))
+
+    def _handle(self, job_id: str, target: Any) -> JobHandle:
+        """A call's job, as soon as its id is known: ``last_job``."""
+        self.last_job = JobHandle(job_id, target, accelerator=self.options.topology.name,
+                                  output_dir=self.options.output_dir)
+        return self.last_job
+
+    def _call(self, args: tuple, kwargs: dict, job: CallJob) -> R:
         from ._client import call, new_job_id
 
         from ._retries import run as with_retries
 
         payload = self._payload(args, kwargs)          # fails here, before sending
-        name = getattr(self._fn, "__name__", "job")
         return with_retries(self.options.retries,
                             lambda attempt, earlier: call(self.options, payload,
-                                                          new_job_id(name), attempt, earlier))
+                                                          new_job_id(self._name), attempt,
+                                                          earlier, started=job.started))
 
     def submit(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
         """Start the job and return its handle at once; it keeps running when
@@ -58,10 +87,14 @@ class RemoteFunction(Generic[P, R]):
 
         try:
             payload = self._payload(args, kwargs)
-            return submit(self.options, payload,
-                          new_job_id(getattr(self._fn, "__name__", "job")))
+            return submit(self.options, payload, new_job_id(self._name))
         except (Exception, KeyboardInterrupt) as exc:
             raise cut_sdk_frames(exc)
+
+    @property
+    def _name(self) -> str:
+        """The start of its calls' job ids: ``name=``, else the function's name."""
+        return self.options.name or getattr(self._fn, "__name__", "job")
 
     def _payload(self, args: tuple, kwargs: dict) -> Payload:
         """The pickled call, its large buffers apart (``_blobs``); ``inline()``
@@ -123,6 +156,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         retries: int | Any = None,
         num_slices: int | None = None,
         profile: bool | float = False,
+        name: str | None = None,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
 
@@ -177,6 +211,10 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         so its jax and libtpu stay; the workers run in it. A requirement on jax,
         jaxlib, libtpu, cloudpickle or remote-tpu is refused unless
         ``allow_jax_requirements=True``.
+    allow_jax_requirements: True lets ``requirements`` name jax, jaxlib,
+        libtpu, cloudpickle or remote-tpu, and lets the installer change the
+        host's own versions of them (held otherwise) in the job's environment:
+        they must still fit the TPU and the client.
     retries: an int (retries after an end of either kind) or
         ``remote_tpu.Retries(preemptions=100, failures=0, backoff=10)``
         (``REMOTE_TPU_RETRIES``): a preemption (a host's VM preempted or gone,
@@ -202,19 +240,21 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         directory (needs ``output_dir=``): the traces land in
         ``{output_dir}/{job_id}/host_{i}/plugins/profile/``, for TensorBoard or
         XProf; the call says where when it ends.
+    name: the job's name: its job ids are ``NAME-`` and 12 hex digits, new for
+        each call (default: the function's name). Letters, digits, ``_``,
+        ``.`` and ``-``, at most 40.
+
+    Every option, with its variable and its ``remote-tpu run`` flag, is listed
+    in docs/options.md (generated from the table in ``remote_tpu._options``).
     """
+    given = dict(locals())         # the keywords, as the table names them
+    del given["fn"]
     if fn is not None:
         raise ConfigurationError(
             "remote_tpu.run must be called with its options: write "
             "@remote_tpu.run(accelerator='tpu-v4-16', hosts='local'), with parentheses, "
             f"above {getattr(fn, '__qualname__', fn)!r}")
-    options = resolve(accelerator=accelerator, hosts=hosts, timeout=timeout, stream=stream,
-                      env=env, jax_timeouts=jax_timeouts, token=token, tls=tls,
-                      processes_per_host=processes_per_host, keep_warm=keep_warm,
-                      init_jax=init_jax, working_dir=working_dir, output_dir=output_dir,
-                      staging=staging, requirements=requirements,
-                      allow_jax_requirements=allow_jax_requirements, retries=retries,
-                      num_slices=num_slices, profile=profile)
+    options = resolve(given)
 
     def decorate(f: Callable[P, R]) -> RemoteFunction[P, R]:
         if not callable(f):

@@ -19,6 +19,7 @@ from ._core.exceptions import ConfigurationError, JobTimeoutError
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.states import FINISHED_NAMES, phase_name
 from ._core.user_source import cut_sdk_frames
+from ._futures import AsFuture, of_the_job, tag_job
 from ._outcome import outcome, result_request
 from ._render import OutputRenderer
 from ._target import Target, resolve_target, running_targets
@@ -86,11 +87,17 @@ class JobStatus:
                    slices=max(1, s.num_slices))
 
 
-class JobHandle:
+class JobHandle(AsFuture):
     """A job on a slice, whether this process started it or not.
 
     ``remote_tpu.attach(job_id, hosts=...)`` makes one in any process that can
     reach the gateway and holds the slice's token.
+
+    It answers as a ``concurrent.futures.Future`` does (``done``, ``running``,
+    ``cancelled``, ``result``, ``exception``, ``add_done_callback``) without
+    being one: ``future()`` is a real one, for ``concurrent.futures.wait`` and
+    ``as_completed``. ``await handle`` waits in a thread, not blocking the
+    event loop. ``cancel()`` stops the job on every host, as before.
     """
 
     def __init__(self, job_id: str, target: Target, *, accelerator: str = "",
@@ -138,7 +145,11 @@ class JobHandle:
             request, metadata=self._target.credentials.metadata, **kwargs)
 
     def status(self) -> JobStatus:
-        return JobStatus.from_pb(self._call("Status", pb.JobRef(job_id=self._id), timeout=30))
+        return JobStatus.from_pb(self._status_reply())
+
+    def _status_reply(self) -> pb.JobStatus:
+        """The agent's reply itself: a finished job's with its ``end`` report."""
+        return self._call("Status", pb.JobRef(job_id=self._id), timeout=30)
 
     def _accelerator_name(self) -> str:
         if not self._accelerator:
@@ -174,6 +185,36 @@ class JobHandle:
         if rest:
             yield rest
 
+    def _outputs(self, hosts: Sequence[int], offsets: Sequence[int] = (),
+                 follow: bool = False) -> Iterator[tuple[int, bytes, int]]:
+        """Each output of the hosts' logs as the agent sends it: (host, bytes,
+        the host's log offset after them), from ``offsets`` (default 0)."""
+        request = pb.WatchRequest(job_id=self._id, hosts=list(hosts), offsets=list(offsets),
+                                  follow=follow)
+        stream = self._stream("Watch", request)
+        try:
+            for event in stream:
+                if event.HasField("output"):
+                    yield event.host, event.output.data, event.output.offset
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+        finally:
+            stream.cancel()
+
+    def _has_log(self, index: int) -> bool:
+        """Whether the job has a log ``index`` (one per process: with
+        processes_per_host, more than its hosts); reads none of it."""
+        request = pb.WatchRequest(job_id=self._id, hosts=[index], offsets=[1 << 62])
+        stream = self._stream("Watch", request, timeout=30)
+        try:
+            for _ in stream:
+                pass
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                return False
+            raise self._error(exc) from None
+        return True
+
     def wait(self, timeout: float | None = None) -> JobStatus:
         """Block until the job has ended (or ``timeout`` seconds); its status."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -199,10 +240,13 @@ class JobHandle:
         """The value process 0 returned, or the remote exception re-raised, as
         for a blocking call. Can be asked again."""
         __tracebackhide__ = True
+        future = self._future
         try:
+            if future is not None and future.done() and of_the_job(future):
+                return future.result()      # fetched already, by the watching thread
             return self._result(timeout)
         except (Exception, KeyboardInterrupt) as exc:
-            raise cut_sdk_frames(exc)
+            raise cut_sdk_frames(tag_job(exc, self._id))
 
     def _result(self, timeout: float | None) -> Any:
         if self.status().warm_until is not None:     # said at once, not after the session
@@ -217,7 +261,9 @@ class JobHandle:
                        refetch=lambda: self._stream("Result", result_request(self._id)))
 
     def cancel(self) -> JobStatus:
-        """Stop the job on every host (a queued job simply leaves the queue)."""
+        """Stop the job on every host (a queued job simply leaves the queue);
+        its status once ended: CANCELLED, or how it had ended before. Unlike
+        ``Future.cancel()``, not a bool: a running job is cancelled too."""
         self._call("Cancel", pb.JobRef(job_id=self._id), timeout=30)
         return self.wait(30)
 

@@ -402,7 +402,8 @@ def pair():
 def fresh_memory(monkeypatch):
     """This process has not yet found any data port unreachable."""
     from remote_tpu._core import data_wire
-    monkeypatch.setattr(data_wire, "_unusable", {})
+    monkeypatch.setattr(data_wire, "_unusable", data_wire.Backoff(data_wire.RETRY_AFTER,
+                                                                 data_wire.RETRY_MAX))
 
 
 @pytest.fixture

@@ -2,17 +2,16 @@
 host's agent (the peer role, ``peer.role``), or the same on the gateway's link to
 it (``wire.peer_link``), relayed as if it were a local worker. In a warm session
 the call stays open between calls and carries each next one (``next_call``),
-or the session's lane does once the peer has offered one (``_lane``); ``stop``
+or the session's lane does once the peer has offered one (``wire.peer_lane``); ``stop``
 ends it, and so the peer's worker."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
 
@@ -20,11 +19,12 @@ from remote_tpu._core import data_wire
 from remote_tpu._core.exceptions import AuthenticationError, VersionMismatchError
 from remote_tpu._core.channels import (Credentials, error_from_rpc, forget_if_unavailable,
                                        health, stub)
-from remote_tpu._core.limits import CHUNK_SIZE, INLINE_BYTES
+from remote_tpu._core.limits import INLINE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.versions import differences
 
 from remote_tpu_agent.wire import peer_link as _peer_link
+from remote_tpu_agent.wire.grpc_call import GrpcCall, PeerChannel, call_requests
 from remote_tpu_agent.wire.peer_lane import CALL, CANCEL, SILENCE_SECONDS, GatewayLane
 
 log = logging.getLogger(__name__)
@@ -35,9 +35,12 @@ _DIRECT_BYTES = 64 << 10
 class RemoteHost:
     """Forwards the job to one peer agent and relays its events.
 
-    Same interface as :class:`~remote_tpu_agent.worker.run.WorkerRun`: ``start``,
-    ``next_call``, ``release``, ``cancel``, ``close``, ``stop``, ``parked``;
-    ``finished`` is set once the call's ``exited`` event has been emitted.
+    A ``worker.handle.ProcessHandle``, as a ``WorkerRun`` is.
+
+    Why over 200 lines: a cold call goes on the link or on gRPC through one
+    contract (``wire.grpc_call.PeerChannel``), but a warm session's next calls
+    still have a way of their own (the lane) and the preflight two; it
+    shrinks as those become the one framed transport (issue 32 item 2).
     """
 
     def __init__(self, *, host: int, address: str, spec: pb.JobSpec, payload: bytes | str,
@@ -47,10 +50,10 @@ class RemoteHost:
         self._spec = spec
         self._payload = payload            # inline, or the path of its file
         self._emit = emit
-        # Next to send: a request, or a payload file's path to send in chunks (None: no more).
-        self._controls: queue.Queue[pb.RunRequest | str | None] = queue.Queue()
+        # Asked for before the call started: sent on it once it has.
+        self._early: list[pb.RunRequest | str] = []
         self._closed = threading.Event()
-        self._call: grpc.Future | _peer_link.LinkCall | None = None
+        self._call: PeerChannel | None = None      # on the link, or on gRPC
         self._credentials = credentials
         self._lock = threading.Lock()
         self._exited_sent = False
@@ -132,19 +135,20 @@ class RemoteHost:
         with self._lock:
             if self._closed.is_set():
                 return False
-            first = next(_call_requests(self._spec, self._payload, "spec"))
+            first = next(call_requests(self._spec, self._payload, "spec"))
             call = link.call(first, self._on_event, self._ended)
             if call is None:
                 return False
-            self._call = call
-            while True:                  # what was asked before it started
-                try:
-                    item = self._controls.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(item, pb.RunRequest):
-                    call.send(item)
+            self._started(call)
         return True
+
+    def _started(self, call: PeerChannel) -> None:
+        """(With ``_lock`` held.) The call is on its way: what was asked
+        before it started follows."""
+        self._call = call
+        early, self._early = self._early, []
+        for item in early:
+            call.send(item)
 
     def stacks(self) -> str:
         try:
@@ -165,12 +169,12 @@ class RemoteHost:
             lane.send(CANCEL)
         self._control(pb.RunRequest(control=pb.CONTROL_CANCEL))
 
-    def _control(self, request: pb.RunRequest) -> None:
-        """Send a control on the call: on its link, or queued for gRPC."""
+    def _control(self, request: pb.RunRequest | str) -> None:
+        """Send a request on the call (kept until it has started)."""
         with self._lock:
             call = self._call
-            if not isinstance(call, _peer_link.LinkCall):
-                self._controls.put(request)
+            if call is None:
+                self._early.append(request)
                 return
         call.send(request)
 
@@ -196,8 +200,8 @@ class RemoteHost:
                 return True
             with self._lock:
                 self._on_lane = False
-        for request in _call_requests(spec, payload, "next_call"):
-            self._controls.put(request)
+        for request in call_requests(spec, payload, "next_call"):
+            self._control(request)
         return True
 
     def abandon(self, detail: str) -> None:
@@ -270,40 +274,30 @@ class RemoteHost:
 
     def _close_requests(self) -> None:
         self._closed.set()
-        self._controls.put(None)         # wakes ``_requests``, which then ends
-
-    def _requests(self) -> Iterator[pb.RunRequest]:
-        for item in _call_requests(self._spec, self._payload, "spec"):
-            yield from _sent(item)
-        # (Waits without a timeout: a waking poll cost 5 wakeups a second per
-        # peer at the gateway for as long as a job ran.)
-        while (item := self._controls.get()) is not None and not self._closed.is_set():
-            yield from _sent(item)
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.close()
 
     def _relay(self) -> None:
+        """Start the call on the link to the peer, or else on gRPC (``run`` here)."""
         if self._linkable() and (link := _peer_link.link_to(self.address, self._credentials)) \
                 is not None and self._start_on(link):
             return
-        try:
-            with self._lock:          # close() cancels the call once it exists
-                started = not self._closed.is_set()
-                if started:
-                    self._call = stub(self.address, self._credentials).Run(
-                        self._requests(), metadata=self._credentials.metadata)
-            if not started:
-                self._send_exited(pb.HostReport(
-                    host=self.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
-                    detail="the job ended before this host was started"))
-            else:
-                for event in self._call:
-                    self._on_event(event)
-        except grpc.RpcError as exc:
-            self._ended(exc)
-            return
-        except BaseException:
+        with self._lock:              # stop() cancels the call once it exists
+            call = None
+            if not self._closed.is_set():
+                call = GrpcCall(self.address, self._credentials,
+                                call_requests(self._spec, self._payload, "spec"),
+                                self._on_event, self._ended)
+                self._started(call)
+        if call is None:
+            self._send_exited(pb.HostReport(
+                host=self.host, state=pb.HOST_STATE_LOST, finished_at=time.time(),
+                detail="the job ended before this host was started"))
             self._ended(None)
-            raise
-        self._ended(None)
+            return
+        call.run()
 
     def _on_event(self, event: pb.Event) -> None:
         if event.HasField("lane"):
@@ -345,44 +339,6 @@ class RemoteHost:
             emit = self._emit
         emit(pb.Event(host=self.host, exited=report))
         self.finished.set()
-
-
-def _call_requests(spec: pb.JobSpec, payload: bytes | str, field: str
-                   ) -> Iterator[pb.RunRequest | str]:
-    """A call's messages: its spec (as ``field``) carrying the payload when it
-    is inline, or the spec and then the payload's file (sent in chunks)."""
-    if isinstance(payload, bytes) and len(payload) <= INLINE_BYTES:
-        inline = pb.JobSpec()
-        inline.CopyFrom(spec)
-        inline.payload = payload
-        yield pb.RunRequest(**{field: inline})
-        return
-    yield pb.RunRequest(**{field: spec})
-    if isinstance(payload, bytes):
-        for chunk in _chunks(payload):
-            yield pb.RunRequest(payload_chunk=chunk)
-    else:
-        yield payload
-
-
-def _sent(item: pb.RunRequest | str) -> Iterator[pb.RunRequest]:
-    """A request as it is, or a payload's file streamed in chunks as it is sent."""
-    if isinstance(item, pb.RunRequest):
-        yield item
-        return
-    for chunk in _chunks(item):
-        yield pb.RunRequest(payload_chunk=chunk)
-
-
-def _chunks(payload: bytes | str) -> Iterator[bytes]:
-    """The payload in message-sized chunks: inline, or read from its file."""
-    if isinstance(payload, bytes):
-        for start in range(0, len(payload), CHUNK_SIZE):
-            yield payload[start:start + CHUNK_SIZE]
-        return
-    with open(payload, "rb") as f:
-        while chunk := f.read(CHUNK_SIZE):
-            yield chunk
 
 
 def preflight_all(remotes: list[RemoteHost]) -> list[tuple[str, bool]]:

@@ -5,7 +5,7 @@ preparation, installs included, in one of its own: ``host.preparing``); its even
 go to the job store (every host's output, then the final state), where
 watchers, attached callers and later `attach` calls read them.
 
-A warm session (``_warm``) holds the slice between the calls of one caller:
+A warm session (``gateway.warm``) holds the slice between the calls of one caller:
 that caller's next job runs first, in the session's workers (or replaces them
 when its worker-shaping options differ); everyone else's jobs wait until the
 session ends: released, idle past its time, or a call in it failed.
@@ -37,10 +37,18 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler(WarmScheduling):
+    """One job at a time on the slice, first come first served (see the
+    module's docstring); warm sessions' part: ``WarmScheduling``.
+
+    Why over 200 lines: the queue, a job's cancel wherever it is (queued,
+    preparing, running, between attempts) and the serving loop share one lock
+    and one notion of "the job now"; the retries' back-off is a few lines of it.
+    """
+
     def __init__(self, make_job: Callable[[JobRecord, WarmSession | None], GatewayJob],
                  output_interval: float = 30.0) -> None:
         self._make_job = make_job
-        self._output_interval = output_interval      # output_dir= uploads (_outputs)
+        self._output_interval = output_interval      # output_dir= uploads (host.output_dir)
         self._queue: collections.deque[JobRecord] = collections.deque()
         self._cond = threading.Condition()
         self._current: tuple[JobRecord, GatewayJob | None] | None = None
@@ -185,7 +193,7 @@ class Scheduler(WarmScheduling):
         try:
             yield from self._run(record, warm)
             while record.retry_in is not None and self._backoff(record):
-                record.spec.attempt += 1          # REMOTE_TPU_ATTEMPT (_worker_env)
+                record.spec.attempt += 1          # REMOTE_TPU_ATTEMPT (worker.environment)
                 yield from self._run(record, None)
         except Exception as exc:  # noqa: BLE001 - a job must never stop the queue
             log.exception("job %s: internal error", record.job_id)

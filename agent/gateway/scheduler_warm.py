@@ -1,4 +1,4 @@
-"""The scheduler's part in warm sessions (``_warm``): which job runs in one,
+"""The scheduler's part in warm sessions (``gateway.warm``): which job runs in one,
 ending one, and a session's next call run in its caller's own thread.
 
 A call of the session's own caller that finds the slice idle (nothing running,

@@ -38,13 +38,13 @@ class AgentConfig:
     max_streams: int = 128              # long-lived calls served at once
     max_log_bytes: int = DEFAULT_MAX_LOG_BYTES       # per host and job: head and tail kept
     max_store_bytes: int = DEFAULT_MAX_STORE_BYTES   # every finished job's files together
-    spare_workers: int = 1              # started ahead of their job (see _spares)
+    spare_workers: int = 1              # started ahead of their job (see worker.spares)
     light_spares: bool = False          # ... never with jax imported
-    cache_bytes: int = 8 << 30          # the argument cache (see _blobs)
+    cache_bytes: int = 8 << 30          # the argument cache (see host.blobs)
     cache_dir: str = ""                 # "" = /dev/shm where there is one, else state_dir
-    data_port: int = 0                  # bulk bytes (see _data_port): 0 = any free, -1 = none
+    data_port: int = 0                  # bulk bytes (see wire.data_port): 0 = any free, -1 = none
     output_interval: float = 30.0       # seconds between uploads of output_dir= files
-    pythons: tuple[str, ...] = ()       # interpreters of other Python versions (_pythons)
+    pythons: tuple[str, ...] = ()       # interpreters of other Python versions (host.pythons)
     python_downloads: bool = True       # uv may install a Python a client needs
 
     @property

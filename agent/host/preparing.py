@@ -1,6 +1,6 @@
 """Preparing a host's part of a job, as the job's first step: its
 requirements= installed, the client's interpreter set up, its trees placed
-(``GatewayRole._prepare``, ``PeerRole._call``). It runs in a thread of its
+(``GatewayRole._prepare``, ``PeerCall._prepare``). It runs in a thread of its
 own, its processes as the job's ``Children``, while the job's thread takes
 the job's events: a cancel, the job's timeout or the caller going away ends
 the job there and then, the installer's process group killed, and the slice's

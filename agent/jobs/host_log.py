@@ -8,10 +8,17 @@ fit what is left of one goes whole to the next, and one larger than a whole
 file is split to fill each. A reader whose offset falls in what was dropped
 gets one notice that says how much was cut and how much is kept, then the
 kept tail.
+
+The newest records of a log being written (``RECENT_BYTES``) are also kept in
+memory until it is closed: a live follower (an attached caller) that keeps up
+reads them from there, the same records at the same offsets, without a trip
+through the file system for each batch; one that falls behind, or comes
+later, reads the files.
 """
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
 import struct
@@ -24,6 +31,7 @@ _FRAME = struct.Struct("<BI")    # output stream, length
 _TAIL_SEGMENTS = 4
 DEFAULT_MAX_LOG_BYTES = 1 << 30
 MIN_LOG_BYTES = 512     # a tail segment (an eighth) holds a record with some data
+RECENT_BYTES = 256 << 10    # the newest records of an open log, also in memory
 
 
 class StoreFull(OSError):
@@ -55,6 +63,12 @@ class HostLog:
         self._size = 0                # bytes in the open segment
         self._end = 0                 # offset after the last record
         self._tails: list[int] = []   # starts of the kept tail segments, oldest first
+        # The newest records written, for live followers: their offsets and
+        # frames (from ``_recent_first`` on), and the frames' bytes.
+        self._recent_offsets: list[int] = []
+        self._recent_frames: list[bytes] = []
+        self._recent_first = 0
+        self._recent_bytes = 0
 
     # ------------------------------------------------------------ writing
 
@@ -93,7 +107,9 @@ class HostLog:
                 view = memoryview(data)
                 while view:
                     n = self._fit(len(view))
-                    self._write(_FRAME.pack(stream, n) + view[:n])
+                    start, frame = self._end, _FRAME.pack(stream, n) + view[:n]
+                    self._write(frame)
+                    self._remember(start, frame)
                     view = view[n:]
             except StoreFull:
                 raise
@@ -127,11 +143,30 @@ class HostLog:
         self._size += len(frame)
         self._end += len(frame)
 
+    def _remember(self, start: int, frame: bytes) -> None:
+        """Keep a record just written for live followers, the oldest let go
+        past ``RECENT_BYTES``."""
+        self._recent_offsets.append(start)
+        self._recent_frames.append(frame)
+        self._recent_bytes += len(frame)
+        while self._recent_bytes > RECENT_BYTES and \
+                self._recent_first < len(self._recent_frames) - 1:
+            self._recent_bytes -= len(self._recent_frames[self._recent_first])
+            self._recent_frames[self._recent_first] = b""
+            self._recent_first += 1
+        if self._recent_first > len(self._recent_frames) // 2:     # compact, now and then
+            del self._recent_offsets[:self._recent_first]
+            del self._recent_frames[:self._recent_first]
+            self._recent_first = 0
+
     def close(self) -> None:
+        """No more records: the file is closed, the memory of the newest let go."""
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+            self._recent_offsets, self._recent_frames = [], []
+            self._recent_first = self._recent_bytes = 0
 
     # ------------------------------------------------------------ reading
 
@@ -154,6 +189,10 @@ class HostLog:
 
     def read(self, offset: int, limit: int = 1 << 20) -> list[tuple[int, bytes, int]]:
         """Whole records from ``offset``: (stream, data, offset after it)."""
+        with self._lock:
+            recent = self._read_recent(offset, limit)
+        if recent is not None:
+            return recent
         head, tails = self.segments()
         if tails and head <= offset < tails[0]:
             return [(pb.OUTPUT_STREAM_STDERR, self._cut_notice(offset, head, tails), tails[0])]
@@ -177,6 +216,29 @@ class HostLog:
                 break
             out.append((stream, blob[pos + _FRAME.size:end], offset + end))
             pos = end
+        return out
+
+    def _read_recent(self, offset: int, limit: int) -> list[tuple[int, bytes, int]] | None:
+        """(With ``_lock`` held.) What ``read`` gives, from the newest records
+        in memory; None where they do not hold ``offset`` (or what is on disk
+        there could differ: below the kept tail, the files decide)."""
+        if self._fd is None or offset < (self._tails[0] if self._tails else 0):
+            return None
+        if offset == self._end:
+            return []
+        i = bisect.bisect_left(self._recent_offsets, offset, self._recent_first)
+        if i == len(self._recent_offsets) or self._recent_offsets[i] != offset:
+            return None                   # older than the memory, or not a record's start
+        # As from the files: one segment's records at a time.
+        following = bisect.bisect_right(self._tails, offset)
+        segment_end = self._tails[following] if following < len(self._tails) else self._end
+        out, size = [], 0
+        for k in range(i, len(self._recent_frames)):
+            frame = self._recent_frames[k]
+            if out and (size + len(frame) > limit or self._recent_offsets[k] >= segment_end):
+                break
+            size += len(frame)
+            out.append((frame[0], frame[_FRAME.size:], self._recent_offsets[k] + len(frame)))
         return out
 
     def _cut_notice(self, offset: int, head: int, tails: list[int]) -> bytes:

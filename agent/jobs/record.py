@@ -49,9 +49,9 @@ class JobRecord:
         # An attached caller's stream: a large value moves to self.dir once it has
         # been read from where it landed (in memory), not while it is read.
         self.attached = False
-        self.followers = 0               # attached callers following it now (_gateway)
+        self.followers = 0               # attached callers following it now (gateway.role)
         self.result_read = threading.Event()
-        self.result_ticketed = False    # its caller fetches it over the data port (_job_views)
+        self.result_ticketed = False    # its caller fetches it over the data port (jobs.views)
         # retries=: seconds until its next attempt, between two (``jobs.attempts``).
         self.retry_in: float | None = None
         self.workers_started = 0        # this attempt's processes started (for followers)

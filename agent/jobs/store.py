@@ -49,7 +49,13 @@ def _check_own(state_dir: str) -> None:
 
 class JobStore:
     """The records of one agent's jobs, owner-only (directories 0700, files
-    0600): they hold job specs, ``env=`` values among them."""
+    0600): they hold job specs, ``env=`` values among them.
+
+    Why over 200 lines: its index (SQLite), the records' files and the
+    bounds (jobs kept, bytes kept, each measured as it is written) are one
+    consistency domain; the per-job parts already live in ``jobs.record`` and
+    ``jobs.host_log``.
+    """
 
     def __init__(self, state_dir: str, keep: int = 100,
                  max_log_bytes: int = DEFAULT_MAX_LOG_BYTES,

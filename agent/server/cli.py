@@ -408,13 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{READY_PREFIX}{args.host}:{port}", flush=True)
     log.info("remote-tpu-agent %s listening on %s:%d (worker %d of %d from %s, advertise %s, "
              "%s, token required)", __version__, args.host, port, found.worker_id,
-             max(1, len(found.peers)), found.source, service.address,
+             max(1, len(found.peers)), found.source, service.parts.address,
              "TLS" + (" + client certificates" if args.mtls else "") if args.tls_cert
              else "no TLS")
     while not signalled and not stop.wait(0.2):
         pass
     log.info("shutting down")
-    service.stop_all()
+    service.parts.stop_all()
     server.stop(grace=1).wait()
     service.refusals.close()       # no call comes any more: what was counted is said
     return 0

@@ -1,9 +1,9 @@
 """A caller's lane: a warm session's caller sends its next calls to the gateway
 on one plain TCP connection (the gateway's data port) instead of ``RunInline``.
 
-A gRPC call costs the caller about 0.8 ms of CPU and the gateway about as much
-(measured in ``benchmarks/transport_floor.py``): most of a warm call's cost on
-the caller's side. The caller asks for a lane (``JobSpec.offer_lane``); a call
+A gRPC call costs the caller, and the gateway as much, more CPU than the rest
+of a warm call on the caller's side (figures: benchmarks/README.md, from
+``benchmarks/transport_floor.py``). The caller asks for a lane (``JobSpec.offer_lane``); a call
 that leaves its warm session going ends with a ticket for it (``JobEnd.lane``),
 handed out on the gRPC call, where the token was checked. On the lane:
 
@@ -42,9 +42,8 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_CANCEL,
-                                   data_wire.CALL_LANE_EVENT, data_wire.CALL_LANE_END,
-                                   data_wire.CALL_LANE_ERROR)
+CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL, data_wire.CANCEL, data_wire.EVENT,
+                                   data_wire.END, data_wire.ERROR)   # (protos/: FrameKind)
 
 # A lane no call came on for this long is closed (each holds one of the data
 # port's connections): the caller's next call goes on gRPC, and is offered a new one.

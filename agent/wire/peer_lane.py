@@ -1,10 +1,10 @@
 """A warm session's lane: its calls between the gateway and a peer on one plain
 TCP connection, instead of gRPC messages on the session's open ``Run`` call.
 
-Each gRPC message costs a few hundred microseconds of Python CPU on each side,
-and a warm call sends one to every peer and gets one back: most of a warm call
-on a few hosts, and the gateway's whole cost per peer on many. A frame on a
-socket costs tens of microseconds.
+Each gRPC message costs Python CPU on each side (gRPC's own machinery), and a
+warm call sends one to every peer and gets one back: most of a warm call on a
+few hosts, and the gateway's whole cost per peer on many. A frame on a socket
+costs a small part of that. Figures: benchmarks/README.md.
 
 How it opens: once a peer's worker has parked after the session's first call,
 the peer asks its own data port (``wire.data_port``) for a ticket, and sends it to
@@ -41,9 +41,9 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-CALL = 1          # gateway -> peer: a JobSpec, payload inside
-CANCEL = 2        # gateway -> peer: stop the worker (no body)
-EVENT = 3         # peer -> gateway: an Event of the call
+CALL = data_wire.CALL          # gateway -> peer: a JobSpec, payload inside
+CANCEL = data_wire.CANCEL      # gateway -> peer: stop the worker (no body)
+EVENT = data_wire.EVENT        # peer -> gateway: an Event of the call
 
 
 SILENCE_SECONDS = 10.0

@@ -1,10 +1,11 @@
 """A gateway's link to each of its peers: the peers' parts of cold calls on one
 plain TCP connection per peer, instead of a gRPC ``Run`` call each.
 
-A cold call's ``Run`` to a peer cost the gateway 3-5 ms of CPU per peer
-(Python gRPC's machinery: two threads of its own per call, and every message
-handled in Python), 0.2-0.3 s for a 64-host call, and about as much again
-spread over the peers. A frame on a socket costs tens of microseconds.
+A cold call's ``Run`` to a peer costs the gateway Python gRPC's machinery
+(two threads of its own per call, and every message handled in Python), once
+per peer: the gateway's largest cost on a slice of many hosts, and about as
+much again spread over the peers. A frame on a socket costs a small part of
+that. Figures: benchmarks/README.md.
 
 The gateway's end is here; the peer's is ``wire.peer_link_server``.
 
@@ -44,7 +45,6 @@ import itertools
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable
 
 import grpc
@@ -57,16 +57,14 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL_LANE_CALL, data_wire.CALL_LANE_CANCEL,
-                                   data_wire.CALL_LANE_EVENT, data_wire.CALL_LANE_END,
-                                   data_wire.CALL_LANE_ERROR)
-REQUEST = 6
-HEALTH = 7            # gateway -> peer: no body; the peer answers with
-HEALTH_REPLY = 8      # peer -> gateway: its HealthReply, as ``Health`` would
-LINKED = 9            # peer -> gateway, first: the link is served (not refused: lanes full)
+CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL, data_wire.CANCEL, data_wire.EVENT,
+                                   data_wire.END, data_wire.ERROR)   # (protos/: FrameKind)
+REQUEST, HEALTH, HEALTH_REPLY, LINKED = (data_wire.REQUEST, data_wire.HEALTH,
+                                         data_wire.HEALTH_REPLY, data_wire.LINKED)
 
 SILENCE_SECONDS = 10.0
 RETRY_SECONDS = 60.0          # a peer whose link could not be opened: gRPC until then
+# (doubling while it keeps failing, up to data_wire.RETRY_MAX: data_wire.Backoff)
 
 ID_BYTES = 4                 # bytes of a call's id, at the start of each frame's body
 
@@ -97,6 +95,10 @@ class LinkCall:
 
     def send(self, request: pb.RunRequest) -> bool:
         return not self._ended and self._link.send(REQUEST, self.id, request.SerializeToString())
+
+    def close(self) -> None:
+        """No more requests: a call on a link has no half-close (its end comes
+        from the peer, or from ``cancel``)."""
 
     def cancel(self) -> None:
         """End the call (the peer stops its worker), as gRPC's ``cancel`` does."""
@@ -249,7 +251,7 @@ class GatewayLink:
 
 _links: dict[str, GatewayLink] = {}
 _opening: dict[str, threading.Lock] = {}
-_not_before: dict[str, float] = {}       # peers whose link could not be opened
+_unopened = data_wire.Backoff(RETRY_SECONDS, data_wire.RETRY_MAX)   # links that failed to open
 _lock = threading.Lock()
 
 
@@ -262,11 +264,10 @@ def existing(address: str) -> GatewayLink | None:
 def link_to(address: str, credentials: Credentials) -> GatewayLink | None:
     """The link to the agent at ``address``, opened if need be; None when it
     has none to offer or cannot be reached on its data port (tried again after
-    ``RETRY_SECONDS``)."""
+    ``RETRY_SECONDS``, doubling while it keeps failing: ``data_wire.Backoff``)."""
     if (link := existing(address)) is not None:
         return link
-    if not data_wire.worth_trying(address, credentials) or \
-            time.monotonic() < _not_before.get(address, 0):
+    if not data_wire.worth_trying(address, credentials) or not _unopened.usable(address):
         return None
     with _lock:
         opening = _opening.setdefault(address, threading.Lock())
@@ -276,8 +277,9 @@ def link_to(address: str, credentials: Credentials) -> GatewayLink | None:
         link = _open(address, credentials)
         with _lock:
             if link is None:
-                _not_before[address] = time.monotonic() + RETRY_SECONDS
+                _unopened.failed(address)
             else:
+                _unopened.worked(address)
                 _links[address] = link
         return link
 

@@ -18,8 +18,9 @@ from remote_tpu._core.data_wire import LaneError, read_frame, send_frame, shut
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from remote_tpu_agent.wire.caller_lane import LaneContext, serve_call
-from remote_tpu_agent.wire.peer_link import (CALL, CANCEL, ERROR, HEALTH, HEALTH_REPLY, ID_BYTES, LINKED,
-                         REQUEST, SILENCE_SECONDS, split_id)
+from remote_tpu_agent.wire.peer_link import (CALL, CANCEL, ERROR, HEALTH, HEALTH_REPLY,
+                                             ID_BYTES, LINKED, REQUEST, SILENCE_SECONDS,
+                                             split_id)
 
 log = logging.getLogger(__name__)
 

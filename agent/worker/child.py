@@ -38,7 +38,7 @@ from remote_tpu_agent.worker import child_output as _worker_output
 from remote_tpu_agent.worker import frames as wire
 
 ENV_JOB_DIR = "REMOTE_TPU_JOB_DIR"            # the worker's own files (stacks)
-ENV_CONTROL_FD = "REMOTE_TPU_CONTROL_FD"      # agent -> worker frames (_worker_pipe)
+ENV_CONTROL_FD = "REMOTE_TPU_CONTROL_FD"      # agent -> worker frames (worker.frames)
 ENV_STATUS_FD = "REMOTE_TPU_STATUS_FD"        # worker -> agent frames
 ENV_SIMULATE_DEVICES = "REMOTE_TPU_SIMULATE_DEVICES"
 ENV_INIT_TIMEOUT = "REMOTE_TPU_JAX_INIT_TIMEOUT"

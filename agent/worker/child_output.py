@@ -2,7 +2,8 @@
 
 Python writes to ``sys.stdout`` go through a 64 KiB buffer instead of one
 ``write`` system call per line (``PYTHONUNBUFFERED``, which the agent's own
-environment may carry, made a tight print loop 10x slower); ``sys.stderr`` is
+environment may carry, made a tight print loop many times slower; figures:
+benchmarks/README.md); ``sys.stderr`` is
 line-buffered, as Python keeps it (the last lines before a crash are the ones
 that matter). A thread flushes both every ``FLUSH_SECONDS``, so a lone ``print`` still reaches
 the caller at once, as far as a person can tell; they are flushed as well at

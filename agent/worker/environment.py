@@ -289,7 +289,7 @@ def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
         "REMOTE_TPU_NUM_HOSTS": str(spec.num_hosts),
         "REMOTE_TPU_ACCELERATOR": spec.accelerator,
         # The user's own Python subprocesses print as they go (the worker's own
-        # streams are buffered and flushed on a timer: _worker_output).
+        # streams are buffered and flushed on a timer: worker.child_output).
         "PYTHONUNBUFFERED": "1",
     })
     if num_slices(spec) > 1:

@@ -1,8 +1,9 @@
 """Runs one worker subprocess on this host and reports on it.
 
 A :class:`WorkerRun` spawns the worker in its own process group, hands it its
-call (``worker.call``: over the control pipe), forwards its stdout/stderr (read at the
-file-descriptor level, so output from C and XLA is caught too), reads its
+call (``worker.call``: over the control pipe), forwards its stdout/stderr
+(``worker.run_output``: read at the file-descriptor level, so output from C and
+XLA is caught too), reads its
 outcome (from the status pipe), and emits ``Event`` messages: ``started``,
 ``output``, ``done`` (the function finished) and finally ``exited`` (the process
 is gone), whose report is the host's final state.
@@ -28,9 +29,8 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent.worker import child as _worker
 from remote_tpu_agent.worker import frames as wire
 from remote_tpu_agent.worker.call import Call, apply_outcome, unreadable
-from remote_tpu_agent.worker.output_filter import NoiseFilter, Tail
-from remote_tpu_agent.worker.output_pipe import Pump
 from remote_tpu_agent.worker.processes import signal_name, stop_group
+from remote_tpu_agent.worker.run_output import HeldOutput, WorkerOutput
 from remote_tpu_agent.worker.spares import Spares, spawn
 from remote_tpu_agent.worker.stacks import dump_stacks
 
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 Emit = Callable[[pb.Event], None]
 # Once the worker's process group is gone its pipes end at once, unless a
 # process that left the group (setsid) holds them.
-_ESCAPED_HOLDER_WAIT = 2.0      # below the gateway's _SETTLE_SECONDS
+_ESCAPED_HOLDER_WAIT = 2.0      # below the gateway's SETTLE_SECONDS (gateway.ending)
 # What a parked warm worker prints between calls (a thread of the user's) is
 # kept for the next call, up to this much; beyond it is counted and said.
 _PARKED_OUTPUT_BYTES = 1 << 20
@@ -50,30 +50,33 @@ def _ignore(event: pb.Event) -> None:
 
 
 class WorkerRun:
-    """One host's worker for one job (or, warm, for a session's calls)."""
+    """One host's worker for one job (or, warm, for a session's calls): a
+    ``worker.handle.ProcessHandle``.
+
+    Why over 200 lines: the process's start (or a spare adopted), its call
+    and a warm session's next ones, its outcome and its exit change one
+    report under one lock, from four threads; its output pipes are apart
+    (``worker.run_output``)."""
 
     def __init__(self, *, host: int, call: Call, emit: Emit, forward_output: bool,
                  cancel_grace: float = 1.0, warm: bool = False,
                  spares: Spares | None = None) -> None:
         self.host = host
         self._spares = spares
-        self._adopted = False             # its process was a spare (``_spares``)
+        self._adopted = False             # its process was a spare (``worker.spares``)
         self.call = call
         self.warm = warm
         self.calls = 1                    # calls this process has been given
         self.parked = False               # warm, between calls
-        self._parked_output: list[tuple[int, bytes]] = []
-        self._parked_dropped = 0
+        self._held = HeldOutput(_PARKED_OUTPUT_BYTES)   # printed while parked
         self._stacks_path = os.path.join(call.job_dir, _worker.STACKS_FILE)
         self._env = dict(call.env)
         self._emit = emit
         self._forward_output = forward_output
         self._cancel_grace = cancel_grace
-        self._tail = Tail()
         self._lock = threading.Lock()
         self._cancelled = False
-        self._pumps: list[Pump] = []
-        self._noise: dict[int, tuple[NoiseFilter, threading.Lock]] = {}
+        self._output = WorkerOutput(host, self._emit_output)
         self._stacks_ready = threading.Event()   # the worker can dump its stacks
         self._status_thread: threading.Thread | None = None
         self.proc: subprocess.Popen | None = None
@@ -108,10 +111,7 @@ class WorkerRun:
             env_changes = {}
         self.report.state = pb.HOST_STATE_RUNNING
         self._emit(pb.Event(host=self.host, started=pb.Started(pid=self.proc.pid)))
-        for stream, fd in ((pb.OUTPUT_STREAM_STDOUT, out_r), (pb.OUTPUT_STREAM_STDERR, err_r)):
-            pump = Pump(fd, self._output_sink(stream), name=f"worker{self.host}-out")
-            self._pumps.append(pump)
-            pump.start()
+        self._output.start(out_r, err_r)
         self._status_thread = threading.Thread(target=self._read_status, daemon=True,
                                                name=f"worker{self.host}-status")
         self._status_thread.start()
@@ -152,21 +152,9 @@ class WorkerRun:
     def parked_output(self) -> list[tuple[int, bytes]]:
         """What a parked worker printed since its last call, taken: for a
         session that ends."""
-        self._drain_outputs()
-        self._flush_noise()
+        self._output.flush()
         with self._lock:
-            return self._take_parked()
-
-    def _take_parked(self) -> list[tuple[int, bytes]]:
-        """(With ``_lock`` held.) The output kept while parked, with a note of
-        what was dropped past the first MiB."""
-        held, self._parked_output = self._parked_output, []
-        dropped, self._parked_dropped = self._parked_dropped, 0
-        if dropped:
-            held.append((pb.OUTPUT_STREAM_STDERR, (
-                f"\n[remote_tpu: {dropped:,} bytes the warm worker printed between calls "
-                "were dropped; the first MiB is above]\n").encode()))
-        return held
+            return self._held.take()
 
     def next_call(self, call: Call, emit: Emit) -> bool:
         """Hand a parked warm worker its next call; False if it is gone."""
@@ -178,11 +166,11 @@ class WorkerRun:
             self.calls += 1
             self.call = call
             self._emit = emit
-            self._tail = Tail()
+            self._output.new_call()
             self.report = pb.HostReport(host=self.host, state=pb.HOST_STATE_RUNNING)
             self.result_digest, self.result = b"", None
             self.finished.clear()
-            held = self._take_parked()
+            held = self._held.take()
         self._env.update(changed)
         # (No ``started`` event: the session's first call said it, same pid.)
         for stream, data in held:
@@ -229,27 +217,6 @@ class WorkerRun:
 
     # ------------------------------------------------------------ threads
 
-    def _output_sink(self, stream: int):
-        """What one output pipe's bytes go through: the tail, the noise filter,
-        then the job's events (flushed when the pipe ends, and when a call ends)."""
-        noise, lock = NoiseFilter(), threading.Lock()
-        self._noise[stream] = (noise, lock)
-
-        def deliver(data: bytes) -> None:
-            if data:
-                with self._lock:        # both pipes feed one tail
-                    self._tail.feed(data)
-            with lock:
-                self._emit_output(stream, noise.feed(data) if data else noise.flush())
-        return deliver
-
-    def _flush_noise(self) -> None:
-        """A call is over: what the noise filter held back (a line's start that
-        could still have become a Gloo message) belongs to it."""
-        for stream, (noise, lock) in self._noise.items():
-            with lock:
-                self._emit_output(stream, noise.flush())
-
     def _emit_output(self, stream: int, shown: bytes) -> None:
         # Once we stop a host, what it prints while dying (JAX's "SIGTERM
         # caught", say) is our doing: kept in the tail only.
@@ -257,31 +224,17 @@ class WorkerRun:
             return
         with self._lock:
             if self.parked:
-                if sum(len(d) for _, d in self._parked_output) + len(shown) \
-                        <= _PARKED_OUTPUT_BYTES:
-                    self._parked_output.append((stream, shown))
-                else:
-                    self._parked_dropped += len(shown)
+                self._held.add(stream, shown)
                 return
         for start in range(0, len(shown), CHUNK_SIZE):
             self._emit(pb.Event(host=self.host, output=pb.Output(
                 stream=stream, data=shown[start:start + CHUNK_SIZE])))
 
-    def _drain_outputs(self) -> None:
-        """Everything the worker wrote so far has been delivered."""
-        for pump in self._pumps:
-            pump.drain()
-
     def _await_eof(self) -> None:
-        """After the process group is gone, its pipes end; a process that left
-        the group (setsid) may still hold them: stop reading them after a
-        while (less than the gateway's settle time), and say so."""
-        deadline = time.monotonic() + _ESCAPED_HOLDER_WAIT
-        held = [pump for pump in self._pumps
-                if not pump.eof.wait(max(0.0, deadline - time.monotonic()))]
-        for pump in held:
-            pump.stop()
-        if held:
+        """The process group is gone: its pipes end, unless a process that
+        left it holds them (read no longer after a while, less than the
+        gateway's settle time, and said)."""
+        if self._output.await_eof(_ESCAPED_HOLDER_WAIT):
             self._emit(pb.Event(host=self.host, output=pb.Output(
                 stream=pb.OUTPUT_STREAM_STDERR,
                 data=b"\n[remote_tpu: a process that left the worker's process group "
@@ -295,8 +248,7 @@ class WorkerRun:
                 if kind == wire.READY:
                     self._stacks_ready.set()
                 elif kind == wire.DONE:
-                    self._drain_outputs()
-                    self._flush_noise()
+                    self._output.flush()
                     self._on_done(header, blob)
         finally:
             os.close(self._status_r)
@@ -317,7 +269,7 @@ class WorkerRun:
             park = self.warm and self.report.state == pb.HOST_STATE_SUCCEEDED and self.alive
             report = pb.HostReport()
             report.CopyFrom(self.report)
-            report.warm = park          # its `exited` (warm) follows at once: see _peer
+            report.warm = park          # its `exited` (warm) follows at once: see peer.call
             self.parked = self.parked or park
             emit = self._emit
             if park:
@@ -354,7 +306,7 @@ class WorkerRun:
                     r.detail = (f"killed by {r.signal}" if r.signal
                                 else f"exited with code {code} before the function returned")
             if r.state != pb.HOST_STATE_SUCCEEDED:
-                r.last_lines[:] = self._tail.lines()
+                r.last_lines[:] = self._output.last_lines()
             report = pb.HostReport()
             report.CopyFrom(r)
             was_parked, self.parked = self.parked, False

@@ -4,8 +4,8 @@
 A spare is a worker (``worker.child``) whose Python is up and whose ``jax`` and
 remote_tpu modules are imported, waiting for its first call; importing jax does
 not take the TPU, so a spare never holds it. After a job with ``init_jax=False``
-the next spare is a light one, without jax (0.1 s of CPU and 19 MB, against
-0.8 s and 157 MB with it): an agent whose jobs do not use JAX does not import
+the next spare is a light one, without jax (a small part of the CPU and
+memory of one with it): an agent whose jobs do not use JAX does not import
 it for nothing after each (64 simulated hosts on one machine would spend a
 minute of CPU on it); a JAX job given a light spare imports jax in its call.
 ``take`` hands one to a job's ``WorkerRun`` (which adopts its process and
@@ -15,12 +15,12 @@ job's critical start, ready for a next call that follows at once. With
 ``--light-spares`` (many simulated hosts sharing one machine's CPU) it is
 started once that worker has exited (or 2 s after the take, for a job that runs
 on) and the machine's CPUs are idle again: a real host replaces its spare on
-its own CPU, while 64 simulated ones started as their workers exit took 3-5 s
-of the CPU that the call's last hosts still needed, and doubled its time
-(1.2 s against 2.3-2.6 s, 64 hosts on 2 cores); while the CPUs stay busy, a
-cold call starts its own worker. A spare that dies
-is replaced (with a growing pause if spares keep dying), and every spare dies
-with its agent: it reads its control pipe, whose end closes when the agent goes.
+its own CPU, while 64 simulated ones started as their workers exit took
+seconds of the CPU that the call's last hosts still needed, and doubled its
+time; while the CPUs stay busy, a cold call starts its own worker. A spare
+that dies is replaced (with a growing pause if spares keep dying), and every
+spare dies with its agent: it reads its control pipe, whose end closes when the
+agent goes. Figures: benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Bulk bytes on a plain TCP connection (an agent's data port), beside gRPC.
 
-Python gRPC copies each message several times on its way: moving 1 GiB costs
-about 1 s of CPU on each side, and a slice's agents move a large argument once
-per host. On a plain socket the kernel's copy is all (``sendfile`` from a
-cached file, ``recv_into`` the destination): 0.2 s to send a GiB here, 0.6 s
-to receive it into a file.
+Python gRPC copies each message several times on its way, on each side, and
+a slice's agents move a large argument once per host. On a plain socket the
+kernel's copy is all (``sendfile`` from a cached file, ``recv_into`` the
+destination). Figures: benchmarks/README.md.
 
 An agent without TLS listens on a data port. A transfer is asked for over gRPC
 first, where the token is checked; the agent answers with its port, its nonce
@@ -51,10 +50,44 @@ HEARTBEAT_SECONDS = 1.0
 
 RETRY_AFTER = 30.0           # a data port found unusable is left alone this long,
 RETRY_MAX = 600.0            # doubling while it keeps failing, up to this
-# Agents (by address) whose data port could not be used from here lately:
-# when it is worth trying again, and the pause that led there.
-_unusable: dict[str, tuple[float, float]] = {}
-_lock = threading.Lock()
+
+
+class Backoff:
+    """The one rule for a way beside gRPC (a data port, a gateway's link to a
+    peer) that could not be used from here: its address is left alone for a
+    pause, ``first`` seconds, twice the last one while it keeps failing, up to
+    ``most``, and trusted afresh once it works. Addresses whose pause ended
+    long ago are forgotten: the record stays small."""
+
+    def __init__(self, first: float, most: float) -> None:
+        self.first = first
+        self.most = most
+        # address -> (when it is worth trying again, the pause that led there)
+        self._paused: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def usable(self, address: str) -> bool:
+        with self._lock:
+            entry = self._paused.get(address)
+            return entry is None or time.monotonic() >= entry[0]
+
+    def failed(self, address: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for known, (retry_at, _) in list(self._paused.items()):
+                if retry_at + self.most < now:
+                    del self._paused[known]
+            last = self._paused.get(address, (0.0, 0.0))[1]
+            pause = min(self.most, 2 * last) if last else self.first
+            self._paused[address] = (now + pause, pause)
+
+    def worked(self, address: str) -> None:
+        with self._lock:
+            self._paused.pop(address, None)
+
+
+# Agents (by address) whose data port could not be used from here lately.
+_unusable = Backoff(RETRY_AFTER, RETRY_MAX)
 
 
 class Unreachable(Exception):
@@ -75,24 +108,8 @@ def worth_trying(address: str, credentials) -> bool:
 def usable(address: str) -> bool:
     """Whether the data port of the agent at ``address`` is worth asking for:
     not for a while after it could not be reached from this process (each
-    ticket asked for in vain would wait there for a minute)."""
-    with _lock:
-        entry = _unusable.get(address)
-        return entry is None or time.monotonic() >= entry[0]
-
-
-def _found_unusable(address: str) -> None:
-    """Leave the data port at ``address`` alone for a pause: twice the last
-    one while it keeps failing, up to ``RETRY_MAX``. (Addresses whose pause
-    ended long ago are forgotten: the record stays small.)"""
-    now = time.monotonic()
-    with _lock:
-        for known, (retry_at, _) in list(_unusable.items()):
-            if retry_at + RETRY_MAX < now:
-                del _unusable[known]
-        last = _unusable.get(address, (0.0, 0.0))[1]
-        pause = min(RETRY_MAX, 2 * last) if last else RETRY_AFTER
-        _unusable[address] = (now + pause, pause)
+    ticket asked for in vain would wait there for a minute): ``Backoff``."""
+    return _unusable.usable(address)
 
 
 def connect(address: str, port: int, nonce: bytes, io_timeout: float | None = None
@@ -105,10 +122,9 @@ def connect(address: str, port: int, nonce: bytes, io_timeout: float | None = No
         sock = _connect(host, port, nonce, io_timeout)
     except Unreachable as exc:
         if exc.lasting:
-            _found_unusable(address)
+            _unusable.failed(address)
         raise
-    with _lock:
-        _unusable.pop(address, None)        # it works (again)
+    _unusable.worked(address)               # it works (again)
     return sock
 
 
@@ -214,12 +230,11 @@ def recv_exact(sock: socket.socket, n: int, within: float | None = None) -> byte
     return bytes(buf)
 
 
-# A caller's lane (agent/wire/caller_lane.py, remote_tpu/_call_lane.py): its frames' kinds.
-CALL_LANE_CALL = 1     # caller -> gateway: a RunRequest, its spec with the payload inside
-CALL_LANE_CANCEL = 2   # caller -> gateway: cancel the running call
-CALL_LANE_EVENT = 3    # gateway -> caller: an Event of the call
-CALL_LANE_END = 4      # gateway -> caller: the call's events are over
-CALL_LANE_ERROR = 5    # gateway -> caller: the call was refused (JSON: code, details, kind)
+# Every lane's and link's frame kinds: one numbering, in protos/ (``FrameKind``).
+CALL, CANCEL, EVENT, END, ERROR = (pb.FRAME_KIND_CALL, pb.FRAME_KIND_CANCEL, pb.FRAME_KIND_EVENT,
+                                   pb.FRAME_KIND_END, pb.FRAME_KIND_ERROR)
+REQUEST, HEALTH, HEALTH_REPLY, LINKED = (pb.FRAME_KIND_REQUEST, pb.FRAME_KIND_HEALTH,
+                                         pb.FRAME_KIND_HEALTH_REPLY, pb.FRAME_KIND_LINKED)
 
 
 # What reading a lane's frames may raise when its other end broke it or sent
@@ -228,7 +243,7 @@ FRAME_ERRORS = (OSError, ValueError, DecodeError)
 
 
 class LaneError(grpc.RpcError):
-    """What a call on a lane was refused with (``CALL_LANE_ERROR``), or how the
+    """What a call on a lane was refused with (``ERROR``), or how the
     lane failed it, said as a gRPC error says it."""
 
     def __init__(self, code: grpc.StatusCode, details: str, kind: str = "") -> None:
@@ -245,7 +260,7 @@ class LaneError(grpc.RpcError):
         return ((ERROR_KIND_KEY, self._kind),) if self._kind else ()
 
     def body(self) -> bytes:
-        """As a ``CALL_LANE_ERROR`` frame's body."""
+        """As a ``ERROR`` frame's body."""
         return json.dumps({"code": self._code.name, "details": self._details,
                            "kind": self._kind}).encode()
 

@@ -1,7 +1,8 @@
 """The one content digest: of payloads, results and cached buffers.
 
-xxh3-128 (``xxhash``): ~10 GB/s here, where sha256 does 1.4 GB/s and a 1 GiB
-argument was hashed by the client, the gateway, every peer and every worker.
+xxh3-128 (``xxhash``): several times faster than sha256, which matters as a
+large argument is hashed by the client, the gateway, every peer and every
+worker (figures: benchmarks/README.md).
 It detects corruption in transit or on disk, which is its job; it is not a
 defence against someone crafting a collision, and needs not be: whoever can
 send a payload holds the slice's token and may run any code there anyway, and

@@ -14,6 +14,10 @@ A remote exception whose class *can* be rebuilt on the client is re-raised as
 itself (``except ValueError:`` works); its ``__cause__`` is a
 :class:`RemoteTraceback` holding the remote traceback text, and a note names the
 host. Every message says what was received, what is allowed, and what to do next.
+
+An error raised by a call, or by a handle's ``result()``, once its job had an
+id carries it as ``job_id`` (None on one raised before); a re-raised remote
+exception too, unless its own class has a ``job_id`` (its note names the job).
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from typing import Any
 
 
 class RemoteTPUError(Exception):
-    """Base class of every error raised by remote_tpu itself."""
+    """Base class of every error raised by remote_tpu itself. ``job_id``: the
+    job it is about, where it came from a call or a handle (else None)."""
+
+    job_id: str | None = None
 
 
 class ConfigurationError(RemoteTPUError, ValueError):

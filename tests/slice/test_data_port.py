@@ -88,7 +88,8 @@ def test_a_submitted_jobs_value_over_the_data_port_and_without_it(pair, monkeypa
     def refuse(*args, **kwargs):
         raise ConnectionRefusedError("a firewall")
     monkeypatch.setattr(data_wire.socket, "create_connection", refuse)
-    monkeypatch.setattr(data_wire, "_unusable", {})
+    monkeypatch.setattr(data_wire, "_unusable", data_wire.Backoff(data_wire.RETRY_AFTER,
+                                                                 data_wire.RETRY_MAX))
     assert bytes(handle.result(timeout=120)) == bytes(np.arange(n, dtype=np.uint8))
 
 
@@ -99,8 +100,7 @@ def test_a_data_port_found_unusable_is_tried_again_after_a_back_off(pair, fresh_
     bulk bytes over gRPC for the rest of the process: the data port is tried
     again after a pause, which doubles while it keeps failing, up to a bound,
     and starts afresh once it works."""
-    monkeypatch.setattr(data_wire, "RETRY_AFTER", 1.0)
-    monkeypatch.setattr(data_wire, "RETRY_MAX", 2.0)
+    monkeypatch.setattr(data_wire, "_unusable", data_wire.Backoff(1.0, 2.0))
     address = pair.addresses[0]
     creds = Credentials(token=pair.token)
 
@@ -124,7 +124,7 @@ def test_a_data_port_found_unusable_is_tried_again_after_a_back_off(pair, fresh_
     assert send().refused == ""                     # over the data port again
     assert 1.0 <= fail_then_wait() < 2.0            # (it worked: the pause starts afresh)
     assert fail_then_wait() >= 2.0                  # failed again: twice as long
-    assert 2.0 <= fail_then_wait() < 3.5            # and no longer than RETRY_MAX
+    assert 2.0 <= fail_then_wait() < 3.5            # and no longer than its most
 
 
 def test_an_agent_turned_off_or_with_tls_has_no_data_port():

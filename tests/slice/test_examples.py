@@ -59,3 +59,13 @@ def test_flax_and_optax_train_on_a_3d_mesh_over_every_host():
 def test_keras_trains_data_parallel_over_every_host():
     out = _example("keras_data_parallel.py").stdout
     assert "'backend': 'jax', 'devices': 8" in out and "'replicated': True" in out
+
+
+def test_the_extraction_example_runs_as_the_readme_says_with_a_local_default():
+    """`python examples/extract_to_gcs.py`, no flags: every host's activations
+    come back to a local directory it names (before: exit 2, "--output-dir is
+    required")."""
+    out = _example("extract_to_gcs.py", "--examples", "10").stdout
+    assert "returned: {'hosts': 2, 'rows_on_host_0': 5}" in out
+    paths = [line for line in out.splitlines() if line.endswith("activations.npy")]
+    assert len(paths) == 2 and all(os.path.isfile(p) for p in paths), out

@@ -50,7 +50,7 @@ def _write_outputs(fail: bool = False):
     return i
 
 
-def test_every_hosts_files_land_under_the_job_id(gcs, agents):
+def test_every_hosts_files_land_under_the_job_id(gcs, agents, capfd):
     gcs.make_bucket("runs")
     handle = _on(agents, "gs://runs/exp/")(_write_outputs).submit()
     assert handle.result(timeout=60) == "0"
@@ -61,6 +61,13 @@ def test_every_hosts_files_land_under_the_job_id(gcs, agents):
                    f"{job}/host_0/empty.txt": b"", f"{job}/host_1/empty.txt": b"",
                    f"{job}/summary.json": b'{"loss": 0.5}'}
     assert handle.outputs() == sorted(f"gs://runs/{name}" for name in got)
+    capfd.readouterr()
+    assert _on(agents, "gs://runs/again/")(_write_outputs)() == "0"     # a blocking call
+    [line] = [x for x in capfd.readouterr().err.splitlines() if "output files" in x]
+    job = line.split()[2].removesuffix("'s")
+    assert line == (f"remote_tpu: job {job}'s output files: under gs://runs/again/{job}/ "
+                    "(each host's, uploaded by its agent)")             # says where they are
+    assert f"again/{job}/summary.json" in _objects(gcs, "runs", "again/")
 
 
 def test_a_job_that_fails_after_writing_still_saves_its_files(gcs, agents):
@@ -104,11 +111,13 @@ def test_a_missing_bucket_is_said_with_what_to_do(gcs, agents, capfd):
     assert "/host_1/ckpt/step_1.bin" in err                    # a peer's problem too
 
 
-def test_a_local_output_dir_gets_every_hosts_files_back(agents, tmp_path):
+def test_a_local_output_dir_gets_every_hosts_files_back(agents, tmp_path, capfd):
     out = tmp_path / "outputs"
     fn = _on(agents, str(out))(_write_outputs)
     assert fn() == "0"
     (job,) = os.listdir(out)
+    assert f"remote_tpu: job {job}'s output files: 5 files under {out}/{job}/" \
+        in capfd.readouterr().err                               # where, and how many
     files = sorted(os.path.relpath(os.path.join(d, f), out / job)
                    for d, _, fs in os.walk(out / job) for f in fs)
     assert files == ["host_0/ckpt/step_1.bin", "host_0/empty.txt", "host_1/ckpt/step_1.bin",

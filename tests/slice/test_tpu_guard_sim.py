@@ -34,7 +34,7 @@ def _agent(tpu_files, simulate: int, *extra: str) -> Agents:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_simulated_agent_runs_while_the_real_tpu_is_locked(tpu_files):
-    """Fails until AgentService builds its guard with TpuGuard.for_agent."""
+    """Fails until the agent (server.parts) builds its guard with TpuGuard.for_agent."""
     lock, device = tpu_files
     # --kill-tpu-holders too: even then a simulated agent must not touch the holders.
     agents = _agent(tpu_files, 2, "--kill-tpu-holders")

@@ -170,16 +170,17 @@ def test_install_service_as_root_without_user_is_refused(sudo_user):
     assert meant.returncode == 0 and "\nUser=root\n" in meant.stdout
 
 
-def _readme_tpu_recipe() -> str:
-    """The first bash block of the README's "Run on a TPU slice" section."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
-    section = readme.split("### Run on a TPU slice", 1)[1]
+def _deploying_recipe() -> str:
+    """The first bash block of the manual's "Install the agents" section
+    (docs/deploying.md)."""
+    with open(os.path.join(ROOT, "docs", "deploying.md")) as f:
+        page = f.read()
+    section = page.split("## Install the agents", 1)[1]
     return re.search(r"```bash\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_tpu_recipe_copies_the_token_file_and_expands_nothing_locally():
-    recipe = _readme_tpu_recipe()
+def test_deploying_recipe_copies_the_token_file_and_expands_nothing_locally():
+    recipe = _deploying_recipe()
     assert "$(cat" not in recipe and "echo" not in recipe and "`" not in recipe
     assert "REMOTE_TPU_TOKEN" not in recipe and "--token" not in recipe
     assert ("gcloud compute tpus tpu-vm scp ~/.config/remote_tpu/token "
@@ -196,8 +197,8 @@ def test_readme_tpu_recipe_copies_the_token_file_and_expands_nothing_locally():
             '--user "$(whoami)"') in remote[1]
 
 
-def test_install_service_unit_for_the_readme_recipe():
-    line = [ln for ln in _readme_tpu_recipe().splitlines() if "install-service" in ln][0]
+def test_install_service_unit_for_the_deploying_recipe():
+    line = [ln for ln in _deploying_recipe().splitlines() if "install-service" in ln][0]
     flags = shlex.split(line.split("install-service", 1)[1].rstrip("'"))
     assert flags[:2] == ["--user", "$(whoami)"]
     agent_flags = flags[2:]

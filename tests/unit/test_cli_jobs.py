@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from remote_tpu._cli import job_detail
+from remote_tpu._cli_jobs import job_detail
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._jobs import JobStatus
 

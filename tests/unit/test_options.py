@@ -37,8 +37,10 @@ def test_wrapper_keeps_name_doc_and_runs_locally():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"stream": "some"}, "stream='some' is not one of leader, all, none"),
-    ({"timeout": -1}, "timeout must be a positive number"),
-    ({"timeout": "10"}, "timeout must be a positive number"),
+    ({"timeout": -1}, "timeout must be a positive, finite number"),
+    ({"timeout": "10"}, "timeout must be a positive, finite number"),
+    ({"timeout": float("nan")}, "timeout must be a positive, finite number"),
+    ({"timeout": float("inf")}, "timeout must be a positive, finite number"),
     ({"env": {"A": 1}}, "must be a string"),
     ({"env": {"1A": "x"}}, "not a valid variable name"),
     ({"env": ["A=1"]}, "must be a mapping"),
@@ -127,20 +129,37 @@ def test_a_misspelt_variable_warns_once_with_the_nearest_name(monkeypatch):
     said = [str(w.message) for w in caught]
     assert any("REMOTE_TPU_KEEPWARM" in m and "did you mean REMOTE_TPU_KEEP_WARM?" in m
                for m in said), said
-    assert any("REMOTE_TPU_NOT_A_THING_AT_ALL" in m and "README" in m for m in said), said
+    assert any("REMOTE_TPU_NOT_A_THING_AT_ALL" in m and "docs/options.md" in m
+               for m in said), said
+    assert {w.filename for w in caught} == {__file__}      # the user's line, not ours
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")                 # once: not again
         remote_tpu.run(accelerator="tpu-v4-8")(print)
 
 
-@pytest.mark.parametrize("name, value, said", [
+BAD_VARIABLES = [
     ("REMOTE_TPU_STREAM", "everything", "is not one of leader, all, none"),
-    ("REMOTE_TPU_TIMEOUT", "-3", "positive number of seconds"),
+    ("REMOTE_TPU_TIMEOUT", "-3", "positive, finite number of seconds"),
+    ("REMOTE_TPU_TIMEOUT", "soon", "not a number of seconds"),
     ("REMOTE_TPU_ACCELERATOR", "tpu-v4-9", "Nearest valid: tpu-v4-8 or tpu-v4-16"),
     ("REMOTE_TPU_WORKING_DIR", "/no/such/dir", "is not a directory"),
     ("REMOTE_TPU_KEEP_WARM", "99999999", "from 0 (off) to 604800"),
-])
+    ("REMOTE_TPU_HOSTS", "not an address!", "is not of the form 'ip[:port]'"),
+    ("REMOTE_TPU_OUTPUT_DIR", "ftp://x/y", "only gs:// URIs and local directories"),
+    ("REMOTE_TPU_STAGING", "/tmp", "give a gs://bucket/prefix"),
+    ("REMOTE_TPU_RETRIES", "many", "not a whole number"),
+    ("REMOTE_TPU_NUM_SLICES", "0", "from 1 to 64"),
+]
+
+
+def test_every_options_variable_has_a_bad_value_case():
+    from remote_tpu._options import OPTIONS
+
+    assert {o.env for o in OPTIONS if o.env} == {name for name, _, _ in BAD_VARIABLES}
+
+
+@pytest.mark.parametrize("name, value, said", BAD_VARIABLES)
 def test_a_bad_value_from_a_variable_names_the_variable(monkeypatch, name, value, said):
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigurationError) as info:
@@ -148,3 +167,98 @@ def test_a_bad_value_from_a_variable_names_the_variable(monkeypatch, name, value
     message = str(info.value)
     assert message.startswith(f"{name}={value!r} (from the environment)"), message
     assert said in message and f"unset {name}" in message, message
+
+
+# ---------------------------------------------------------------- the one table
+
+def test_runs_signature_is_the_tables():
+    import inspect
+
+    from remote_tpu._options import OPTIONS
+
+    params = list(inspect.signature(remote_tpu.run).parameters.values())[1:]   # after fn
+    assert [(p.name, p.default, p.annotation, p.kind) for p in params] == \
+        [(o.name, o.default, o.type, inspect.Parameter.KEYWORD_ONLY) for o in OPTIONS]
+
+
+def test_runs_docstring_has_one_entry_per_option_naming_its_variable():
+    from remote_tpu._options import OPTIONS
+    from remote_tpu._options_doc import docstring_entries
+
+    entries = docstring_entries(remote_tpu.run.__doc__)
+    assert list(entries) == [o.name for o in OPTIONS]
+    for o in OPTIONS:
+        if o.env:
+            assert o.env in entries[o.name], f"{o.name}'s entry does not name {o.env}"
+
+
+def test_run_options_has_the_tables_fields():
+    import dataclasses
+
+    from remote_tpu._options import NOT_OPTIONS, OPTIONS, RunOptions
+
+    fields = [f.name for f in dataclasses.fields(RunOptions)]
+    assert sorted(fields) == sorted([t for o in OPTIONS for t in o.targets] + list(NOT_OPTIONS))
+
+
+def test_the_tables_job_spec_fields_are_the_spec_s_and_filled_as_declared():
+    from remote_tpu._core.proto import remote_tpu_pb2 as pb
+    from remote_tpu._options import OPTIONS, spec_fields
+
+    known = set(pb.JobSpec.DESCRIPTOR.fields_by_name)
+    for o in OPTIONS:
+        if o.spec is not None:
+            assert set(o.spec.fields) <= known, (o.name, o.spec.fields)
+            assert bool(o.spec.by) != bool(o.spec.fill), o.name   # one or the other
+    options = remote_tpu.run(accelerator="tpu-v4-16", num_slices=2, output_dir="gs://b-1/p",
+                             init_jax=False, env={"A": "1"}, timeout=3)(len).options
+    filled = spec_fields(options)
+    assert set(filled) == {f for o in OPTIONS if o.spec and o.spec.fill for f in o.spec.fields}
+    spec = pb.JobSpec(**filled)
+    assert (spec.accelerator, spec.num_hosts, spec.num_slices, spec.skip_jax_init,
+            spec.timeout_seconds, dict(spec.env), spec.output_dir, spec.collect_outputs) == \
+        ("tpu-v4-16", 4, 2, True, 3.0, {"A": "1"}, "gs://b-1/p", False)
+
+
+def test_a_job_name_is_checked_and_starts_the_job_ids():
+    f = remote_tpu.run(accelerator="tpu-v4-8", name="nightly.eval_2")(len)
+    assert f.options.name == "nightly.eval_2" and f._name == "nightly.eval_2"
+    assert remote_tpu.run(accelerator="tpu-v4-8")(len)._name == "len"
+    for bad, said in (("my run", "e.g. 'my-run'"), ("", "a job name is 1 to 40"),
+                      ("x" * 41, "1 to 40"), (3, "a job name")):
+        with pytest.raises(ConfigurationError, match=said):
+            remote_tpu.run(accelerator="tpu-v4-8", name=bad)
+
+
+def test_an_option_that_asks_for_another_does_not_claim_its_error(monkeypatch):
+    # hosts= asks for num_slices; the bad variable is num_slices', not hosts'.
+    monkeypatch.setenv("REMOTE_TPU_HOSTS", "10.0.0.1")
+    monkeypatch.setenv("REMOTE_TPU_NUM_SLICES", "two")
+    with pytest.raises(ConfigurationError) as info:
+        remote_tpu.run(accelerator="tpu-v4-8")
+    assert str(info.value).startswith("REMOTE_TPU_NUM_SLICES='two' (from the environment)")
+
+
+def test_the_options_page_is_what_the_table_makes():
+    import pathlib
+
+    from remote_tpu._options_doc import HEADER, generate
+
+    page = pathlib.Path(__file__).resolve().parent.parent / "docs" / "options.md"
+    text = page.read_text(encoding="utf-8")
+    assert text.splitlines()[0] == HEADER
+    assert text == generate(), ("docs/options.md is stale: regenerate it with "
+                                "`python -m remote_tpu._options_doc`")
+
+
+def test_the_page_generator_writes_and_checks(tmp_path):
+    from conftest import run_python
+
+    page = tmp_path / "options.md"
+    run = "from remote_tpu._options_doc import main; raise SystemExit(main({}))"
+    assert run_python(run.format([f"--output={page}", "--check"])).returncode == 1  # missing
+    assert run_python(run.format([f"--output={page}"])).returncode == 0
+    assert run_python(run.format([f"--output={page}", "--check"])).returncode == 0
+    page.write_text(page.read_text() + "edited by hand\n")
+    stale = run_python(run.format([f"--output={page}", "--check"]))
+    assert stale.returncode == 1 and "python -m remote_tpu._options_doc" in stale.stderr

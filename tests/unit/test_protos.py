@@ -24,3 +24,19 @@ def test_enums_start_unspecified():
     from remote_tpu._core.proto import remote_tpu_pb2 as pb
     for enum in pb.DESCRIPTOR.enum_types_by_name.values():
         assert enum.values[0].number == 0 and enum.values[0].name.endswith("_UNSPECIFIED")
+
+
+def test_every_lane_and_link_numbers_its_frames_by_the_protos_frame_kind():
+    """One numbering for every connection beside gRPC (``FrameKind``): a
+    module that defines its own numbers again fails here."""
+    from remote_tpu import _call_lane
+    from remote_tpu._core import data_wire
+    from remote_tpu._core.proto import remote_tpu_pb2 as pb
+    from remote_tpu_agent.wire import caller_lane, peer_lane, peer_link
+    kinds = {v.name.removeprefix("FRAME_KIND_"): v.number
+             for v in pb.FrameKind.DESCRIPTOR.values if v.number}
+    for module in (data_wire, _call_lane, caller_lane, peer_lane, peer_link):
+        used = {name: getattr(module, name) for name in kinds if hasattr(module, name)}
+        assert used and all(kinds[name] == value for name, value in used.items()), \
+            (module.__name__, used)
+    assert len(set(kinds.values())) == len(kinds)

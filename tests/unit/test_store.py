@@ -719,3 +719,45 @@ def test_a_store_written_before_jobs_kept_their_end_opens_and_prunes(state):
         assert listed(store) == ["new", "old-1"]
     finally:
         store.close()
+
+
+def _every_read(host_log: HostLog, limit: int = 1 << 20) -> list:
+    """What a follower reading from 0 to the end gets, read by read."""
+    out, offset = [], 0
+    while batch := host_log.read(offset, limit):
+        out.extend(batch)
+        offset = batch[-1][2]
+    return out
+
+
+@pytest.mark.parametrize("max_bytes", [1 << 30, 4096])
+def test_an_open_logs_followers_read_what_the_files_hold(tmp_path, max_bytes):
+    """A live follower reads the newest records from memory: at every offset
+    it gets what a reader of the files gets, cut notices included, whether
+    the records are in memory (the newest 256 KiB), past it, or cut."""
+    path = str(tmp_path / "host-0.log")
+    writer = HostLog(path, max_bytes)
+    sizes = [1, 17, 300, 1 << 16, 5, 1 << 17, 2]
+    for i in range(60):
+        writer.append(OUT if i % 3 else ERR, bytes([65 + i % 26]) * sizes[i % len(sizes)])
+    from_files = HostLog(path, max_bytes)          # never written through: files only
+    assert _every_read(writer) == _every_read(from_files)
+    assert _every_read(writer, limit=100) == _every_read(from_files, limit=100)
+    for _, _, offset in _every_read(from_files):
+        assert writer.read(offset) == from_files.read(offset), offset
+    assert writer.read(writer.end()) == [] == from_files.read(from_files.end())
+
+
+def test_a_live_follower_reads_the_newest_records_without_the_files(tmp_path):
+    """The newest records of an open log come from memory (here: still read
+    with the files gone); once it is closed, from the files again."""
+    path = str(tmp_path / "host-0.log")
+    host_log = HostLog(path)
+    host_log.append(OUT, b"old\n" * 100_000)                 # 400 KB: past the memory
+    middle = host_log.end()
+    host_log.append(ERR, b"new\n")
+    os.unlink(path)
+    assert host_log.read(middle) == [(ERR, b"new\n", middle + FRAME + 4)]
+    assert host_log.read(0) == []                    # older than the memory: the files
+    host_log.close()
+    assert host_log.read(middle) == []

@@ -32,6 +32,19 @@ class StreamMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STREAM_MODE_ALL: _ClassVar[StreamMode]
     STREAM_MODE_NONE: _ClassVar[StreamMode]
 
+class FrameKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FRAME_KIND_UNSPECIFIED: _ClassVar[FrameKind]
+    FRAME_KIND_CALL: _ClassVar[FrameKind]
+    FRAME_KIND_CANCEL: _ClassVar[FrameKind]
+    FRAME_KIND_EVENT: _ClassVar[FrameKind]
+    FRAME_KIND_END: _ClassVar[FrameKind]
+    FRAME_KIND_ERROR: _ClassVar[FrameKind]
+    FRAME_KIND_REQUEST: _ClassVar[FrameKind]
+    FRAME_KIND_HEALTH: _ClassVar[FrameKind]
+    FRAME_KIND_HEALTH_REPLY: _ClassVar[FrameKind]
+    FRAME_KIND_LINKED: _ClassVar[FrameKind]
+
 class Control(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CONTROL_UNSPECIFIED: _ClassVar[Control]
@@ -80,6 +93,16 @@ STREAM_MODE_UNSPECIFIED: StreamMode
 STREAM_MODE_LEADER: StreamMode
 STREAM_MODE_ALL: StreamMode
 STREAM_MODE_NONE: StreamMode
+FRAME_KIND_UNSPECIFIED: FrameKind
+FRAME_KIND_CALL: FrameKind
+FRAME_KIND_CANCEL: FrameKind
+FRAME_KIND_EVENT: FrameKind
+FRAME_KIND_END: FrameKind
+FRAME_KIND_ERROR: FrameKind
+FRAME_KIND_REQUEST: FrameKind
+FRAME_KIND_HEALTH: FrameKind
+FRAME_KIND_HEALTH_REPLY: FrameKind
+FRAME_KIND_LINKED: FrameKind
 CONTROL_UNSPECIFIED: Control
 CONTROL_RELEASE: Control
 CONTROL_CANCEL: Control

@@ -1,0 +1,169 @@
+"""How a job ends, seen from its gateway (``JobEnding``): every host's report
+as it comes, fail-fast's stop of every other host once one fails, the wait for
+each host to confirm its end (a peer that does not is reported lost), and the
+job's end with its root cause (``gateway.root_cause``)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+from remote_tpu._core.proto import remote_tpu_pb2 as pb
+
+from remote_tpu_agent.gateway.peer_process import RemoteHost
+from remote_tpu_agent.gateway.root_cause import root_cause
+from remote_tpu_agent.jobs.events import EventQueue
+from remote_tpu_agent.worker.handle import ProcessHandle
+from remote_tpu_agent.worker.run import WorkerRun
+
+SETTLE_SECONDS = 4.0        # wait this long for every host's final report
+WARM_LOST = ("the warm workers were stopped: remote_tpu.state and what was on the devices "
+             "are gone, and the next call starts in fresh workers")
+
+
+class JobEnding:
+    """Every host's report of one job, and its end from them. ``locals`` and
+    ``remotes``: the job's processes here and on its peers (the job's own
+    lists, filled as it starts them); ``warm_call``: a warm session's call,
+    whose failure ends the session; ``session``: the job keeps (or goes on) a
+    warm session."""
+
+    def __init__(self, *, spec: pb.JobSpec, n: int, events: EventQueue,
+                 locals_: list[WorkerRun], remotes: list[RemoteHost], warm_call: bool,
+                 session: bool, preempted: Callable[[], bool]) -> None:
+        self.spec = spec
+        self.n = n
+        self.events = events
+        self.locals = locals_
+        self.remotes = remotes
+        self._warm_call = warm_call
+        self._session = session
+        self._preempted = preempted
+        self.reports = [pb.HostReport(host=i, state=pb.HOST_STATE_PENDING) for i in range(n)]
+        self.done: set[int] = set()
+        self.exited: set[int] = set()
+        self.warm_kept = False           # every host parked: the session goes on
+
+    @property
+    def handles(self) -> list[ProcessHandle]:
+        return [*self.locals, *self.remotes]
+
+    @property
+    def local(self) -> WorkerRun:
+        """Process 0: its value is the job's."""
+        return self.locals[0]
+
+    def record_exit(self, event: pb.Event) -> None:
+        report = event.exited
+        previous = self.reports[event.host]
+        if event.host < len(self.locals) and report.state in (pb.HOST_STATE_DIED,
+                                                              pb.HOST_STATE_LOST):
+            report.preempted = self._preempted()
+        if previous.state in (pb.HOST_STATE_SUCCEEDED, pb.HOST_STATE_FAILED) and \
+                report.state == pb.HOST_STATE_LOST:
+            # Its function had finished; only the goodbye went missing.
+            previous.detail += f"; then {report.detail}"
+            report = previous
+        if previous.stacks and not report.stacks:
+            report.stacks = previous.stacks
+        if previous.notices and not report.notices:
+            report.notices.extend(previous.notices)
+        report.preempted = report.preempted or previous.preempted
+        self.reports[event.host] = report
+        self.exited.add(event.host)
+
+    def settle(self, forward: bool, seconds: float = SETTLE_SECONDS) -> Iterator[pb.Event]:
+        """Take events until every host has exited or ``seconds`` have passed;
+        a peer that has not confirmed by then is reported lost."""
+        yield from self.take_until(set(range(self.n)), seconds, forward)
+        for h in self.remotes:
+            if h.host not in self.exited:
+                detail = f"agent at {h.address} did not confirm the worker stopped"
+                h.abandon(detail)
+                self.record_exit(pb.Event(host=h.host, exited=pb.HostReport(
+                    host=h.host, state=pb.HOST_STATE_LOST, detail=detail,
+                    finished_at=time.time())))
+
+    def stop_all(self) -> None:
+        for h in self.handles:
+            if h.host not in self.exited:
+                threading.Thread(target=h.cancel, daemon=True).start()
+
+    def succeed(self) -> Iterator[pb.Event]:
+        # Peers go first; process 0 keeps JAX's coordination service up until last.
+        others = [*self.remotes, *self.locals[1:]]
+        for handle in others:
+            handle.release()
+        yield from self.settle_hosts(others)
+        self.local.release()
+        yield from self.settle_hosts([self.local])
+        lost = [r for r in self.reports if r.state != pb.HOST_STATE_SUCCEEDED]
+        if lost:
+            yield from self.fail(pb.JOB_STATE_FAILED)
+            return
+        self.warm_kept = self._session and all(r.warm for r in self.reports)
+        yield pb.Event(host=0, end=pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
+                                             hosts=self.reports,
+                                             result_digest=self.local.result_digest))
+
+    def settle_hosts(self, handles: Sequence[ProcessHandle]) -> Iterator[pb.Event]:
+        """Wait for these released hosts to exit; stop those that do not."""
+        wanted = {h.host for h in handles}
+        yield from self.take_until(wanted, SETTLE_SECONDS, forward=True)
+        for h in handles:
+            if h.host not in self.exited:
+                if isinstance(h, RemoteHost):
+                    h.abandon(f"agent at {h.address} did not confirm the worker exited")
+                else:
+                    h.cancel()
+        yield from self.take_until(wanted, SETTLE_SECONDS, forward=True)
+
+    def take_until(self, wanted: set[int], seconds: float, forward: bool) -> Iterator[pb.Event]:
+        """Take events until every host in ``wanted`` has exited, or ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while not wanted <= self.exited:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                item = self.events.get(timeout=left)
+            except queue.Empty:
+                return
+            if not isinstance(item, pb.Event):
+                continue
+            if forward:
+                yield from forwarded(item)
+            if item.HasField("done"):
+                if self.reports[item.host].state in (pb.HOST_STATE_PENDING,
+                                                      pb.HOST_STATE_RUNNING):
+                    self.reports[item.host] = item.done
+            elif item.HasField("exited"):
+                self.record_exit(item)
+
+    def fail(self, state: int, detail: str = "") -> Iterator[pb.Event]:
+        self.stop_all()
+        yield from self.settle(forward=True)
+        if self._warm_call:
+            detail = f"{detail}; {WARM_LOST}" if detail else WARM_LOST
+        preempted = [r.host for r in self.reports if r.preempted]
+        if preempted and state in (pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED,
+                                   pb.JOB_STATE_PREEMPTED):
+            state = pb.JOB_STATE_PREEMPTED
+            detail = (f"host {preempted[0]} was preempted (its metadata server says so); "
+                      "the job can be submitted again once the slice is back"
+                      + (f"; {WARM_LOST}" if self._warm_call else ""))
+            yield pb.Event(host=0, end=pb.JobEnd(state=state, root_cause_host=preempted[0],
+                                                 hosts=self.reports, detail=detail))
+            return
+        cause = root_cause(self.reports) if state == pb.JOB_STATE_FAILED else -1
+        yield pb.Event(host=0, end=pb.JobEnd(state=state, root_cause_host=cause,
+                                             hosts=self.reports, detail=detail))
+
+
+
+def forwarded(item: object) -> Iterator[pb.Event]:
+    """What of the hosts' events goes on to the caller as it comes."""
+    if isinstance(item, pb.Event) and (item.HasField("output") or item.HasField("started")):
+        yield item

@@ -1,0 +1,370 @@
+"""`remote-tpu jobs list|status|logs|result|cancel|stacks`: the jobs a slice's
+gateway keeps, from a shell. ``status`` is a key: value block for people
+(``--json``: the JobStatus fields, for scripts); ``logs`` reads one host's log,
+or every host's, each line prefixed with its host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import IO, TYPE_CHECKING
+
+from ._core.addresses import HOSTS_ENV
+from ._core.exceptions import ConfigurationError
+from ._core.proto import remote_tpu_pb2 as pb
+from ._option_checks import hosts_text
+
+if TYPE_CHECKING:
+    from ._jobs import JobHandle, JobStatus
+
+RawHelp = argparse.RawDescriptionHelpFormatter
+
+JOBS_HELP = "jobs on a slice: list, status, logs, result, cancel, stacks"
+JOBS_EPILOG = """examples:
+  remote-tpu jobs list --hosts 10.0.0.2
+  remote-tpu jobs status train-3f2a9c0d1e2f
+  remote-tpu jobs logs -f --host all train-3f2a9c0d1e2f"""
+
+LOGS_ORDER = """
+
+Logs carry no timestamps: --host all prints each host's log in turn; with -f,
+what was written before comes host by host, then each line as it reaches the
+gateway, whichever host it is from. (No --since: the agent keeps no times.)"""
+
+ACTIONS = {
+    "list": ("the jobs the gateway knows, newest first (times are local)", """examples:
+  remote-tpu jobs list --hosts 10.0.0.2
+  REMOTE_TPU_HOSTS=10.0.0.2 remote-tpu jobs list | grep RUNNING"""),
+    "status": ("one job's state, times and root cause (--json: for scripts)", """examples:
+  remote-tpu jobs status train-3f2a9c0d1e2f --hosts 10.0.0.2
+  remote-tpu jobs status --json train-3f2a9c0d1e2f | jq -r .state"""),
+    "logs": ("a host's output, or every host's (--host all)", """examples:
+  remote-tpu jobs logs train-3f2a9c0d1e2f                  the leader's (host 0) log
+  remote-tpu jobs logs -f --tail 20 train-3f2a9c0d1e2f     its last 20 lines, then on
+  remote-tpu jobs logs --host all --tail 5 train-3f2a9c0d1e2f"""),
+    "result": ("the value process 0 returned (or the error), once it has ended",
+               """examples:
+  remote-tpu jobs result train-3f2a9c0d1e2f --hosts 10.0.0.2
+  remote-tpu jobs result nightly-0a1b2c3d4e5f > value.txt"""),
+    "cancel": ("stop a job on every host; prints the state it ended in", """examples:
+  remote-tpu jobs cancel train-3f2a9c0d1e2f --hosts 10.0.0.2
+  remote-tpu jobs cancel warm-0a1b2c3d4e5f          end a slice's warm workers"""),
+    "stacks": ("every host's Python stacks, now: which host is stuck where", """examples:
+  remote-tpu jobs stacks train-3f2a9c0d1e2f --hosts 10.0.0.2
+  remote-tpu jobs stacks train-3f2a9c0d1e2f | less"""),
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    j = sub.add_parser("jobs", help=JOBS_HELP + " (--hosts or REMOTE_TPU_HOSTS)",
+                       description=JOBS_HELP + ", of the slice behind --hosts (or\n"
+                       "$REMOTE_TPU_HOSTS), the token as for run", epilog=JOBS_EPILOG,
+                       formatter_class=RawHelp)
+    jsub = j.add_subparsers(dest="action", metavar="ACTION")
+    for action, (text, epilog) in ACTIONS.items():
+        a = jsub.add_parser(action, help=text, epilog=epilog, formatter_class=RawHelp,
+                            description=text + (LOGS_ORDER if action == "logs" else ""))
+        a.add_argument("--hosts", default="", help="the gateway's address (any agent of "
+                                                   "the slice with worker 0 first; default "
+                                                   "$REMOTE_TPU_HOSTS)")
+        if action != "list":
+            a.add_argument("job_id", help="the job's id, as `remote-tpu jobs list` shows it")
+        if action == "status":
+            a.add_argument("--json", action="store_true",
+                           help="the JobStatus fields as JSON (times in Unix seconds)")
+        if action == "logs":
+            a.add_argument("-f", "--follow", action="store_true",
+                           help="keep printing what the job writes until it ends")
+            a.add_argument("--host", type=host_choice, default=None, metavar="I|all",
+                           help="a host's index (default 0, the leader), or all: every "
+                                "host's, each line prefixed [host I]")
+            a.add_argument("--tail", type=line_count, default=None, metavar="N",
+                           help="only the last N lines of each host's log (with -f: "
+                                "then what comes)")
+    j.set_defaults(func=run, jobs_parser=j)
+
+
+def host_choice(text: str) -> int | str:
+    """``--host``: a host index, or "all"."""
+    if text.strip().lower() == "all":
+        return "all"
+    try:
+        host = int(text)
+    except ValueError:
+        host = -1
+    if host < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a host: give a host's index "
+                                         "(0, 1, ...) or all")
+    return host
+
+
+MAX_TAIL = 10_000_000      # lines of --tail: more is every line, said so
+
+
+def line_count(text: str) -> int:
+    """``--tail``: a number of lines, 0 (with ``-f``: new lines only) or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= MAX_TAIL:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of lines: give 0 to {MAX_TAIL:,}, e.g. --tail 100 "
+            "(every line: leave --tail out; only new ones: --tail 0 -f)")
+    return n
+
+
+def run(args: argparse.Namespace) -> int:
+    from ._jobs import attach, jobs
+
+    if args.action is None:
+        args.jobs_parser.error(f"give what to do: {', '.join(ACTIONS)} (`remote-tpu jobs "
+                               "--help` says what each does)")
+    if not args.hosts.strip() and not os.environ.get(HOSTS_ENV, "").strip():
+        raise ConfigurationError(
+            "which slice? give the address of its gateway (any agent of it) with --hosts, "
+            f"e.g. --hosts 10.0.0.2, or set {HOSTS_ENV} (`remote-tpu local` prints one for "
+            "a local slice)")
+    hosts = hosts_text(args.hosts)
+    if args.action == "list":
+        print_list(jobs(hosts))
+        return 0
+    handle = attach(args.job_id, hosts)
+    if args.action == "status":
+        reply = handle._status_reply()
+        if args.json:
+            from ._jobs import JobStatus
+            print(json.dumps(dataclasses.asdict(JobStatus.from_pb(reply)), indent=2))
+        else:
+            sys.stdout.write(status_block(reply, time.time()))
+    elif args.action == "logs":
+        print_logs(handle, args.host, args.tail, args.follow, sys.stdout)
+    elif args.action == "result":               # ended as `remote-tpu run` ends a script
+        from ._cli_run import script_status
+        status, value = script_status(handle.result)
+        if value is not None:
+            print(repr(value))
+        return status
+    elif args.action == "cancel":
+        print(handle.cancel().state)
+    elif args.action == "stacks":
+        for host, text in sorted(handle.stacks().items()):
+            print(f"===== host {host} =====\n{text.rstrip()}\n")
+    return 0
+
+
+# ------------------------------------------------------------------ list and status
+
+def local_time(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` for people: 0.4 s, 12.3 s, 5 min 3 s, 2 h 5 min, 3 d 4 h."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, s = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {s} s"
+    hours, m = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {m} min"
+    days, h = divmod(hours, 24)
+    return f"{days} d {h} h"
+
+
+def job_detail(j: JobStatus) -> str:
+    """The DETAIL column of ``jobs list``: a queued job's place in the queue
+    (nothing may be ahead of it: the slice is about to be its own)."""
+    if j.state != "QUEUED":
+        return j.detail
+    place = f"behind {j.queued_behind}" if j.queued_behind else "next in line"
+    if j.queue_position:
+        place += f" (position {j.queue_position})"
+    return f"{place}; {j.detail}" if j.detail else place
+
+
+def print_list(rows: Sequence[JobStatus]) -> None:
+    print(f"{'JOB':<44} {'STATE':<10} {'ACCELERATOR':<18} {'CREATED':<19} DETAIL")
+    for j in rows:
+        print(f"{j.id:<44} {j.state:<10} {j.accelerator:<18} {local_time(j.created_at):<19} "
+              f"{job_detail(j)}")
+
+
+def status_block(reply: pb.JobStatus, now: float) -> str:
+    """A job's status as aligned ``key: value`` lines, times local."""
+    from ._jobs import JobStatus
+
+    s = JobStatus.from_pb(reply)
+    rows = [("job", s.id), ("state", s.state), ("accelerator", s.accelerator),
+            ("hosts", f"{s.hosts}" + (f" ({s.slices} slices)" if s.slices > 1 else "")),
+            ("created", local_time(s.created_at))]
+    if s.started_at is not None:
+        rows.append(("started", f"{local_time(s.started_at)} "
+                                f"(queued for {duration(s.started_at - s.created_at)})"))
+    elif s.finished:
+        rows.append(("started", "never"))
+    else:
+        rows.append(("started", f"not yet (queued for {duration(now - s.created_at)} so far)"))
+    if s.ended_at is not None:
+        ran = "" if s.started_at is None else f" (ran for {duration(s.ended_at - s.started_at)})"
+        rows.append(("ended", local_time(s.ended_at) + ran))
+    elif s.started_at is not None:
+        rows.append(("ended", f"not yet (running for {duration(now - s.started_at)} so far)"))
+    if s.warm_until is not None:
+        rows.append(("warm until", f"{local_time(s.warm_until)} "
+                                   f"(in {duration(s.warm_until - now)} unless called again)"))
+    detail = job_detail(s)
+    if detail:
+        rows.append(("detail", detail))
+    if reply.HasField("end") and reply.end.root_cause_host >= 0:
+        rows.append(("root cause", root_cause(reply.end)))
+    if s.attempts:
+        rows.append(("attempts", f"{len(s.attempts)} before this one"))
+        for a in s.attempts:
+            when = "" if a.ended_at is None else f", ended {local_time(a.ended_at)}"
+            where = "" if a.root_cause_host is None else f" on host {a.root_cause_host}"
+            rows.append((f"  attempt {a.number}",
+                         f"{a.state} ({a.kind}){where}{when}: {a.cause}"))
+    width = max(len(key) for key, _ in rows) + 2
+    lines = []
+    for key, value in rows:
+        first, *more = value.splitlines() or [""]
+        lines.append(f"{key + ':':<{width}}{first}")
+        lines += [" " * width + line for line in more]
+    return "\n".join(lines) + "\n"
+
+
+def root_cause(end: pb.JobEnd) -> str:
+    """The host at the root of a failed job, and why, in one line."""
+    host = end.root_cause_host
+    for report in end.hosts:
+        if report.host != host:
+            continue
+        error = report.exception
+        why = (f"{error.type_name.rpartition('.')[2]}: {error.message}" if error.type_name
+               else report.detail or (f"killed by {report.signal}" if report.signal else ""))
+        first = why.strip().splitlines()[0] if why.strip() else ""
+        return f"host {host} ({first})" if first else f"host {host}"
+    return f"host {host}"
+
+
+# ------------------------------------------------------------------ logs
+
+class LogPrinter:
+    """Hosts' log bytes written out as text: as they are (one host), or line
+    by line, each prefixed with its host, a host's unfinished line held back
+    until its end comes (several hosts)."""
+
+    def __init__(self, out: IO[str], label: Callable[[int], str] | None) -> None:
+        import codecs
+
+        self._out = out
+        self._label = label
+        self._new = codecs.getincrementaldecoder("utf-8")
+        self._decoders: dict[int, codecs.IncrementalDecoder] = {}
+        self._held: dict[int, str] = collections.defaultdict(str)
+
+    def write(self, host: int, data: bytes) -> None:
+        decoder = self._decoders.setdefault(host, self._new("replace"))
+        self._text(host, decoder.decode(data))
+
+    def end(self, host: int) -> None:
+        """Host ``host``'s log is over: the rest of it, its last line ended."""
+        decoder = self._decoders.pop(host, None)
+        if decoder is not None:
+            self._text(host, decoder.decode(b"", final=True))
+        held = self._held.pop(host, "")
+        if held:
+            self._out.write(f"{self._label(host)}{held}\n")   # (held only with labels)
+            self._out.flush()
+
+    def _text(self, host: int, text: str) -> None:
+        if not text:
+            return
+        if self._label is None:
+            self._out.write(text)
+        else:
+            *lines, self._held[host] = (self._held[host] + text).split("\n")
+            self._out.write("".join(f"{self._label(host)}{line}\n" for line in lines))
+        self._out.flush()
+
+
+def log_count(handle: JobHandle, hosts: int) -> int:
+    """How many logs the job has: one per process, ``hosts`` unless it ran
+    several processes per host (found by asking for logs past the hosts')."""
+    hosts = max(1, hosts)
+    per_host = 1
+    while per_host < 64 and handle._has_log(hosts * per_host):
+        per_host += 1
+    return hosts * per_host
+
+
+def last_lines(handle: JobHandle, hosts: Sequence[int], n: int
+               ) -> tuple[dict[int, bytes], list[int]]:
+    """The last ``n`` lines of each host's log as it is now (an unfinished
+    last line counts as one), and where each log ends: a follower goes on
+    from there, nothing shown twice or missed."""
+    lines = {h: collections.deque(maxlen=n) for h in hosts}
+    held = dict.fromkeys(hosts, b"")
+    ends = dict.fromkeys(hosts, 0)
+    for host, data, offset in handle._outputs(hosts):
+        *done, held[host] = (held[host] + data).split(b"\n")
+        lines[host].extend(line + b"\n" for line in done)
+        ends[host] = offset
+    tails = {}
+    for h in hosts:
+        kept = list(lines[h]) + ([held[h]] if held[h] else [])
+        tails[h] = b"".join(kept[-n:] if n else [])
+    return tails, [ends[h] for h in hosts]
+
+
+def print_logs(handle: JobHandle, host: int | str | None, tail: int | None, follow: bool,
+               out: IO[str]) -> None:
+    status = handle.status()
+    if host == "all":
+        count = log_count(handle, status.hosts)
+        hosts = list(range(count))
+        word = "host" if count == max(1, status.hosts) else "process"
+        printer = LogPrinter(out, lambda h: f"[{word} {h}] ")
+    else:
+        hosts = [host or 0]
+        if hosts[0] >= status.hosts:          # or one of its processes' logs?
+            count = log_count(handle, status.hosts)
+            if hosts[0] >= count:
+                raise ConfigurationError(no_such_host(handle.id, status.hosts, count, hosts[0]))
+        printer = LogPrinter(out, None)
+    offsets: list[int] = []
+    if tail is not None:
+        tails, offsets = last_lines(handle, hosts, tail)
+        for h in hosts:
+            printer.write(h, tails[h])
+            if not follow:
+                printer.end(h)
+    if follow:
+        for h, data, _ in handle._outputs(hosts, offsets, follow=True):
+            printer.write(h, data)
+        for h in hosts:
+            printer.end(h)
+    elif tail is None:
+        for h in hosts:                  # host by host, each log whole
+            for _, data, _ in handle._outputs([h]):
+                printer.write(h, data)
+            printer.end(h)
+
+
+def no_such_host(job_id: str, hosts: int, count: int, host: int) -> str:
+    """What ``--host host`` is told where the job has ``count`` logs."""
+    hosts = max(1, hosts)
+    has = (f"{hosts} host(s)" if count == hosts else
+           f"{count} processes ({hosts} host(s) x {count // hosts}), one log each")
+    return (f"job {job_id} has {has}: there is no --host {host}; give --host 0"
+            + (f" to {count - 1}" if count > 1 else "") + ", or --host all")
