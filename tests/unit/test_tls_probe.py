@@ -1,7 +1,7 @@
 """Telling an agent that refuses this client's certificate (mutual TLS) from
 one that is not there: ``tls_probe`` against TLS servers that accept, refuse
 with an alert, or close, and against listeners that are no TLS server at all.
-(The real agent's refusals: tests/test_security.py.)"""
+(The real agent's refusals: tests/slice/test_security.py.)"""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _serve(handle) -> str:
 def _tls_server(pki, *, demand_cert: bool) -> str:
     """A TLS server as an agent is: it sends a first frame to a client it
     accepts; a client it refuses gets OpenSSL's alert. (gRPC's server, which
-    closes the connection instead, is the real agent's: tests/test_security.py.)"""
+    closes the connection instead, is the real agent's: tests/slice/test_security.py.)"""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(*pki["server"])
     context.set_alpn_protocols(["h2"])

@@ -1,6 +1,6 @@
 """`remote-tpu run`'s flags come from the options table: each option that
 makes sense for a script is a flag, parsed into the keyword run() takes.
-(tests/test_cli_run.py runs each new flag against real agents.)"""
+(tests/slice/test_cli_run.py runs each new flag against real agents.)"""
 
 from __future__ import annotations
 
