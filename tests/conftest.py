@@ -303,7 +303,8 @@ class Servicers:
                 self.servers.append(server)
                 self.services.append(service)
                 self.addresses.append(f"127.0.0.1:{port}")
-                self.data_ports.append(service.data_port.port if service.data_port else 0)
+                port_of_data = service.parts.data_port
+                self.data_ports.append(port_of_data.port if port_of_data else 0)
         except BaseException:
             self.stop()
             raise
@@ -311,7 +312,7 @@ class Servicers:
     def stop(self) -> None:
         """As the agent's own shutdown: every job cancelled, the port closed."""
         for server, service in zip(self.servers, self.services):
-            service.stop_all()
+            service.parts.stop_all()
             server.stop(grace=1).wait()
             service.refusals.close()
         for path in self.state_dirs:
