@@ -244,7 +244,7 @@ def test_the_options_page_is_what_the_table_makes():
 
     from remote_tpu._options_doc import HEADER, generate
 
-    page = pathlib.Path(__file__).resolve().parent.parent / "docs" / "options.md"
+    page = pathlib.Path(__file__).resolve().parents[2] / "docs" / "options.md"
     text = page.read_text(encoding="utf-8")
     assert text.splitlines()[0] == HEADER
     assert text == generate(), ("docs/options.md is stale: regenerate it with "
