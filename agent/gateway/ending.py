@@ -19,6 +19,14 @@ from remote_tpu_agent.worker.handle import ProcessHandle
 from remote_tpu_agent.worker.run import WorkerRun
 
 SETTLE_SECONDS = 4.0        # wait this long for every host's final report
+# Fail-fast in a warm session: once a host raised, the others have this long to
+# come back to rest (return or raise) for the session to go on; a host that
+# does not (blocked in a collective for the one that failed, say) is stopped
+# with every other, as in a cold job. Fail-fast stays within 2 s: this, then
+# the stop (``WorkerRun.cancel``'s grace).
+REST_SECONDS = 0.8
+WARM_KEPT = ("the warm workers were kept: remote_tpu.state and what is on the devices "
+             "are as the call left them")
 WARM_LOST = ("the warm workers were stopped: remote_tpu.state and what was on the devices "
              "are gone, and the next call starts in fresh workers")
 
@@ -100,6 +108,9 @@ class JobEnding:
         self.local.release()
         yield from self.settle_hosts([self.local])
         lost = [r for r in self.reports if r.state != pb.HOST_STATE_SUCCEEDED]
+        if lost and self._all_parked():       # (keep_going: some raised)
+            yield self._failed_at_rest()
+            return
         if lost:
             yield from self.fail(pb.JOB_STATE_FAILED)
             return
@@ -141,6 +152,29 @@ class JobEnding:
                     self.reports[item.host] = item.done
             elif item.HasField("exited"):
                 self.record_exit(item)
+
+    def raised(self) -> Iterator[pb.Event]:
+        """A host raised: in a warm session, the session goes on if every
+        other host comes back to rest within ``REST_SECONDS`` (its worker
+        parked: it returned or raised too); otherwise, as ``fail``."""
+        if self._session:
+            yield from self.take_until(set(range(self.n)), REST_SECONDS, forward=True)
+            if self._all_parked():
+                yield self._failed_at_rest()
+                return
+        yield from self.fail(pb.JOB_STATE_FAILED)
+
+    def _all_parked(self) -> bool:
+        return self._session and len(self.exited) == self.n and \
+            all(r.warm for r in self.reports)
+
+    def _failed_at_rest(self) -> pb.Event:
+        """The end of a failed call whose every host is parked: the warm
+        session goes on."""
+        self.warm_kept = True
+        return pb.Event(host=0, end=pb.JobEnd(
+            state=pb.JOB_STATE_FAILED, root_cause_host=root_cause(self.reports),
+            hosts=self.reports, detail=WARM_KEPT, warm_kept=True))
 
     def fail(self, state: int, detail: str = "") -> Iterator[pb.Event]:
         self.stop_all()

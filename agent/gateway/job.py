@@ -277,6 +277,10 @@ class GatewayJob:
                     if len(end.done) == self.n:
                         yield from end.succeed()
                         return
+                elif event.done.warm:         # raised, and parked: see JobEnding.raised
+                    end.record_exit(pb.Event(host=event.host, exited=event.done))
+                    yield from end.raised()
+                    return
                 else:
                     yield from end.fail(pb.JOB_STATE_FAILED)
                     return
@@ -284,7 +288,8 @@ class GatewayJob:
                 end.record_exit(event)
                 failed = event.exited.state != pb.HOST_STATE_SUCCEEDED
                 if failed and not self.spec.keep_going:
-                    yield from end.fail(pb.JOB_STATE_FAILED)
+                    yield from (end.raised() if event.exited.warm
+                                else end.fail(pb.JOB_STATE_FAILED))
                     return
                 if event.exited.warm or failed:   # parked (a peer sends no `done`), or died
                     end.done.add(event.host)

@@ -125,8 +125,9 @@ class WarmSession:
 
 class ParkedWakes:
     """Where a warm call's events go: its job's queue. A host that parked (its
-    `done` and `exited`, warm) wakes the job's thread only as the last of the
-    ``n`` to park: until then that thread has nothing to do."""
+    `done` and `exited`, warm) after its function returned wakes the job's
+    thread only as the last of the ``n`` to park: until then that thread has
+    nothing to do. One that raised wakes it at once (fail-fast)."""
 
     def __init__(self, events: EventQueue, n: int) -> None:
         self._events = events
@@ -143,7 +144,7 @@ class ParkedWakes:
         with self._lock:
             self._parked += event.HasField("exited")
             last = self._parked >= self._n
-        self._events.put(event, wake=last)
+        self._events.put(event, wake=last or report.state != pb.HOST_STATE_SUCCEEDED)
 
 
 def session_record(store, spec: pb.JobSpec, session_id: str) -> JobRecord:

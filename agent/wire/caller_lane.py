@@ -153,7 +153,8 @@ def offering(spec: pb.JobSpec, events: Iterator[pb.Event], data_port,
     going, with a ticket for a lane on ``data_port`` that ``run`` serves."""
     for event in events:
         if data_port is not None and event.HasField("end") and \
-                event.end.state == pb.JOB_STATE_SUCCEEDED and spec.client_id and \
+                (event.end.state == pb.JOB_STATE_SUCCEEDED or event.end.warm_kept) and \
+                spec.client_id and \
                 warm_owner() == spec.client_id:
             ticket = data_port.issue(CallLane(run).serve, lane=True)
             if ticket is not None:

@@ -43,6 +43,19 @@ _ESCAPED_HOLDER_WAIT = 2.0      # below the gateway's SETTLE_SECONDS (gateway.en
 # What a parked warm worker prints between calls (a thread of the user's) is
 # kept for the next call, up to this much; beyond it is counted and said.
 _PARKED_OUTPUT_BYTES = 1 << 20
+# A worker that failed here is not whole: it does not park (``_may_park``).
+UNPARKABLE_PHASES = ("initializing jax.distributed", "reporting")
+
+
+def _may_park(report: pb.HostReport, outcome: dict) -> bool:
+    """Whether a warm worker may wait for the session's next call after this
+    outcome: after its function returned or raised, not when its call could
+    not start (``jax.distributed`` down: every later call would fail alike)
+    or its outcome could not be read."""
+    if report.state == pb.HOST_STATE_SUCCEEDED:
+        return True
+    return report.state == pb.HOST_STATE_FAILED and \
+        outcome.get("phase") not in UNPARKABLE_PHASES
 
 
 def _ignore(event: pb.Event) -> None:
@@ -259,14 +272,17 @@ class WorkerRun:
                 apply_outcome(self.report, outcome)
             except Exception as exc:  # noqa: BLE001 - a host that finished must say so
                 log.exception("host %d: unreadable outcome", self.host)
-                apply_outcome(self.report, unreadable(exc))
+                outcome = unreadable(exc)
+                apply_outcome(self.report, outcome)
             if self.report.state == pb.HOST_STATE_SUCCEEDED:
                 self.result_digest = bytes.fromhex(outcome.get("result_digest", ""))
                 self.result = result if not outcome.get("result_file") else None
                 self.result_file = outcome.get("result_file", "")
-            # A warm worker whose function returned stays, for the next call:
-            # parked before anyone hears it is done (so no release reaches it).
-            park = self.warm and self.report.state == pb.HOST_STATE_SUCCEEDED and self.alive
+            # A warm worker whose function returned (or raised: the worker is
+            # whole) stays, for the next call: parked before anyone hears it is
+            # done (so no release reaches it). Whether the session goes on is
+            # the gateway's to say (``gateway.ending``).
+            park = self.warm and self.alive and _may_park(self.report, outcome)
             report = pb.HostReport()
             report.CopyFrom(self.report)
             report.warm = park          # its `exited` (warm) follows at once: see peer.call

@@ -69,8 +69,9 @@ def test_a_warm_sessions_next_calls_go_on_one_lane_output_value_and_errors_alike
     with pytest.raises(KeyError, match="on the lane") as info:
         fails()
     notes = "\n".join(getattr(info.value, "__notes__", []))
-    assert "raised on host" in notes and "warm workers were stopped" in notes
-    assert step() == 1                           # fresh workers, from gRPC again
+    assert "raised on host" in notes and "warm workers were kept" in notes, notes
+    assert step() == 5                           # the same workers, on the lane still
+    assert _lanes_to(slice_) == 1
 
 
 def test_a_call_without_keep_warm_gets_no_lane(slice_):

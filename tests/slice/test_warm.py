@@ -161,24 +161,65 @@ def test_idle_time_ends_the_workers_and_the_listing_shows_the_session(slice_):
     assert "idle" in session.status().detail
 
 
-def test_a_failed_warm_call_names_the_host_ends_the_workers_and_the_next_starts_empty(slice_):
-    @_on(slice_, keep_warm=60)
-    def step(fail: bool):
+def _failing_step(agents):
+    """Counts its calls in remote_tpu.state on every host; ``raise_on`` hosts
+    raise, ``block_on`` hosts wait in a collective (for the ones that raised:
+    they never come), the others return."""
+    @_on(agents, keep_warm=60)
+    def step(raise_on=(), block_on=()):
+        import os
+
         import jax
+        import jax.numpy as jnp
+        from jax.experimental import multihost_utils
 
-        remote_tpu.state["count"] = remote_tpu.state.get("count", 0) + 1
-        if fail and jax.process_index() == 1:
-            raise ValueError("bad batch on host 1")
-        return remote_tpu.state["count"]
+        s = remote_tpu.state
+        s["count"] = s.get("count", 0) + 1
+        me = jax.process_index()
+        if me in raise_on:
+            raise ValueError(f"bad batch on host {me}")
+        if me in block_on:
+            multihost_utils.sync_global_devices("never reached by the host that raised")
+        if raise_on:                # (no collective with the hosts that raise)
+            return s["count"]
+        every = multihost_utils.process_allgather(jnp.array([s["count"], os.getpid()]))
+        return {"counts": every[:, 0].tolist(), "pids": every[:, 1].tolist()}
+    return step
 
-    assert step(False) == 1 and step(False) == 2
+
+def _notes(exc: BaseException) -> str:
+    return "\n".join(getattr(exc, "__notes__", []))
+
+
+@pytest.mark.parametrize("raise_on", [(1,), (0, 1)], ids=["one-host", "every-host"])
+def test_an_exception_keeps_the_warm_workers_and_state(slice_, raise_on):
+    step = _failing_step(slice_)
+    first = step()
+    assert first["counts"] == [1, 1]
     with pytest.raises(ValueError, match="bad batch") as info:
-        step(True)
-    notes = "\n".join(getattr(info.value, "__notes__", []))
-    assert "raised on host 1 of 2" in notes
-    assert "warm workers were stopped" in notes and "remote_tpu.state" in notes
+        step(raise_on=raise_on)
+    notes = _notes(info.value)
+    assert f"raised on host {raise_on[0]} of 2" in notes, notes
+    assert "warm workers were kept" in notes and "remote_tpu.state" in notes, notes
+    assert "stopped" not in notes, notes
+    after = step()                       # the same processes, the state as it was left
+    assert after == {"counts": [3, 3], "pids": first["pids"]}, (after, first)
+
+
+def test_an_exception_while_another_host_blocks_ends_the_workers_in_time(slice_):
+    step = _failing_step(slice_)
+    first = step()
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="bad batch on host 1") as info:
+        step(raise_on=(1,), block_on=(0,))
+    took = time.monotonic() - started
+    notes = _notes(info.value)
+    assert "raised on host 1 of 2" in notes, notes
+    assert "warm workers were stopped" in notes and "remote_tpu.state" in notes, notes
+    assert took < 5, took             # fail-fast (the figure: benchmarks/fail_fast.py)
     assert wait_until(lambda: not _workers(slice_), timeout=10)
-    assert step(False) == 1
+    after = step()
+    assert after["counts"] == [1, 1] and set(after["pids"]).isdisjoint(first["pids"])
 
 
 def test_a_cancelled_warm_call_ends_the_workers_and_says_so(slice_):

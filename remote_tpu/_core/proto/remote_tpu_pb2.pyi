@@ -581,7 +581,7 @@ class HostReport(_message.Message):
     def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ..., stacks: _Optional[str] = ..., preempted: _Optional[bool] = ..., warm: _Optional[bool] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobEnd(_message.Message):
-    __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_digest", "notices", "permanent", "num_slices", "value", "lane")
+    __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_digest", "notices", "permanent", "num_slices", "value", "lane", "warm_kept")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROOT_CAUSE_HOST_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
@@ -592,6 +592,7 @@ class JobEnd(_message.Message):
     NUM_SLICES_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     LANE_FIELD_NUMBER: _ClassVar[int]
+    WARM_KEPT_FIELD_NUMBER: _ClassVar[int]
     state: JobState
     root_cause_host: int
     hosts: _containers.RepeatedCompositeFieldContainer[HostReport]
@@ -602,7 +603,8 @@ class JobEnd(_message.Message):
     num_slices: int
     value: bytes
     lane: DataTicket
-    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., root_cause_host: _Optional[int] = ..., hosts: _Optional[_Iterable[_Union[HostReport, _Mapping]]] = ..., detail: _Optional[str] = ..., result_digest: _Optional[bytes] = ..., notices: _Optional[_Iterable[str]] = ..., permanent: _Optional[bool] = ..., num_slices: _Optional[int] = ..., value: _Optional[bytes] = ..., lane: _Optional[_Union[DataTicket, _Mapping]] = ...) -> None: ...
+    warm_kept: bool
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., root_cause_host: _Optional[int] = ..., hosts: _Optional[_Iterable[_Union[HostReport, _Mapping]]] = ..., detail: _Optional[str] = ..., result_digest: _Optional[bytes] = ..., notices: _Optional[_Iterable[str]] = ..., permanent: _Optional[bool] = ..., num_slices: _Optional[int] = ..., value: _Optional[bytes] = ..., lane: _Optional[_Union[DataTicket, _Mapping]] = ..., warm_kept: _Optional[bool] = ...) -> None: ...
 
 class Started(_message.Message):
     __slots__ = ("job_id", "pid", "coordinator_address")
