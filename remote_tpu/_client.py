@@ -23,6 +23,7 @@ from ._core.limits import INLINE_BYTES
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
 from ._core.versions import versions_pb
+from ._interrupts import FirstCtrlC, raise_interrupted
 from ._jobs import JobHandle
 from ._option_checks import job_stem
 from ._options import RunOptions, spec_fields
@@ -133,55 +134,71 @@ def call(options: RunOptions, payload: Payload, job_id: str, attempt: int = 0,
     status = LiveStatus(processes=options.topology.hosts * options.num_slices *
                         options.processes_per_host, jax=options.init_jax)
     sending = _Sending(status)
-    try:
-        trees = _trees.prepare(target, options.working_dir, payload)
-        payload, refs = _with_blobs(target, payload, trees, status)
-        spec = _spec(options, payload, job_id, target, trees, attempt, earlier)
-        spec.blobs.extend(refs)
-        if options.keep_warm and not target.local:
-            _release_at_exit(target)
-        status.phase("remote_tpu: waiting for the slice")
-        sending.spec, sending.payload = spec, payload
+    ask = None if not options.keep_warm else (lambda: target.stub().Cancel(
+        pb.JobRef(job_id=sending.job_id, interrupt=True), timeout=3,
+        metadata=target.credentials.metadata))
+    with FirstCtrlC(lambda: sending.job_id, ask, ready=lambda: bool(sending.sent)) \
+            as first_ctrl_c:
         try:
-            stream = target.call(sending.start, retry=True)
-        except BlobsMissing:     # evicted since they were sent: they go inside this time
-            payload = payload.inline()
-            spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,
-                         trees, attempt, earlier)
-            job_id = spec.job_id
-            if started is not None:
-                started(job_id, target)
+            trees = _trees.prepare(target, options.working_dir, payload)
+            payload, refs = _with_blobs(target, payload, trees, status)
+            spec = _spec(options, payload, job_id, target, trees, attempt, earlier)
+            spec.blobs.extend(refs)
+            if options.keep_warm and not target.local:
+                _release_at_exit(target)
+            status.phase("remote_tpu: waiting for the slice")
             sending.spec, sending.payload = spec, payload
-            stream = target.call(lambda t: sending.start(t, lane=False), retry=True)
-    except BaseException as exc:
-        status.close()           # refused or unreachable: the line goes with the call
-        if isinstance(exc, KeyboardInterrupt) and sending.sent:
-            _say_cancelled(options, job_id, surely=sending.sent == "surely")   # (a warm
-        raise                                           # call's first event can be its end)
-    label = "process" if options.processes_per_host > 1 else "host"
-    renderer = OutputRenderer(options.stream, label, per_slice=(
-        options.topology.hosts * options.processes_per_host if options.num_slices > 1 else 0))
-    interrupted = False
-    stream = _LaneOffers(stream)
-    try:
-        return outcome(stream, renderer, gateway=target.gateway, job_id=job_id,
-                       accelerator=options.topology.name, status=status,
-                       refetch=lambda: target.stub().Result(
-                           result_request(job_id), metadata=target.credentials.metadata))
-    except KeyboardInterrupt:
-        interrupted = True
-        _say_cancelled(options, job_id)
-        raise
-    finally:
-        if stream.lane is not None:
-            call_lane.opened(target.gateway, target.credentials, stream.lane)
-        if options.output_dir and not interrupted:      # the job's files, failed or not
-            _say_where_outputs_are(target, job_id, options.output_dir, spec.collect_outputs)
-        if options.profile and not interrupted:
-            where = f"{options.output_dir}/{job_id}"
-            print(f"remote_tpu: every host's jax.profiler trace of job {job_id} is under "
-                  f"{where}/host_*/plugins/profile/ (view them: tensorboard --logdir {where}, "
-                  "or XProf)", file=sys.stderr, flush=True)
+            try:
+                stream = target.call(sending.start, retry=True)
+            except BlobsMissing:     # evicted since they were sent: they go inside this time
+                payload = payload.inline()
+                spec = _spec(options, payload, new_job_id(job_id.rpartition("-")[0]), target,
+                             trees, attempt, earlier)
+                job_id = spec.job_id
+                if started is not None:
+                    started(job_id, target)
+                sending.spec, sending.payload = spec, payload
+                stream = target.call(lambda t: sending.start(t, lane=False), retry=True)
+        except BaseException as exc:
+            status.close()           # refused or unreachable: the line goes with the call
+            if isinstance(exc, KeyboardInterrupt) and sending.sent:
+                _say_cancelled(options, job_id, surely=sending.sent == "surely")   # (a warm
+            raise                                           # call's first event can be its end)
+        label = "process" if options.processes_per_host > 1 else "host"
+        renderer = OutputRenderer(options.stream, label, per_slice=(
+            options.topology.hosts * options.processes_per_host if options.num_slices > 1 else 0))
+        interrupted = False
+        stream = _LaneOffers(stream)
+        error: Exception | None = None
+        try:
+            with first_ctrl_c:
+                try:
+                    value = outcome(stream, renderer, gateway=target.gateway, job_id=job_id,
+                                    accelerator=options.topology.name, status=status,
+                                    refetch=lambda: target.stub().Result(
+                                        result_request(job_id),
+                                        metadata=target.credentials.metadata))
+                except Exception as exc:
+                    if not first_ctrl_c.asked:
+                        raise
+                    error = exc
+        except KeyboardInterrupt:         # (a warm call's second Ctrl-C)
+            interrupted = True
+            _say_cancelled(options, job_id)
+            raise
+        finally:
+            if stream.lane is not None:
+                call_lane.opened(target.gateway, target.credentials, stream.lane)
+            if options.output_dir and not interrupted:      # the job's files, failed or not
+                _say_where_outputs_are(target, job_id, options.output_dir, spec.collect_outputs)
+            if options.profile and not interrupted:
+                where = f"{options.output_dir}/{job_id}"
+                print(f"remote_tpu: every host's jax.profiler trace of job {job_id} is under "
+                      f"{where}/host_*/plugins/profile/ (view them: tensorboard --logdir {where}, "
+                      "or XProf)", file=sys.stderr, flush=True)
+        if first_ctrl_c.asked:
+            raise_interrupted(job_id, stream.end, error)
+        return value
 
 
 def _say_where_outputs_are(target: Target, job_id: str, output_dir: str,
@@ -246,6 +263,10 @@ class _Sending:
         self.payload: Payload | None = None
         self.sent = ""
 
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id if self.spec is not None else ""
+
     def start(self, target: Target, lane: bool = True) -> Any:
         try:
             self.sent = "maybe"
@@ -278,11 +299,14 @@ class _LaneOffers:
     def __init__(self, stream: Any) -> None:
         self._stream = stream
         self.lane: pb.DataTicket | None = None
+        self.end: pb.JobEnd | None = None
 
     def __iter__(self) -> Iterator[pb.Event]:
         for event in self._stream:
-            if event.HasField("end") and event.end.HasField("lane"):
-                self.lane = event.end.lane
+            if event.HasField("end"):
+                self.end = event.end
+                if event.end.HasField("lane"):
+                    self.lane = event.end.lane
             yield event
 
     def cancel(self) -> None:

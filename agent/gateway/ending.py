@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from remote_tpu._core.limits import INTERRUPT_SECONDS
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from remote_tpu_agent.gateway.peer_process import RemoteHost
@@ -40,7 +41,9 @@ class JobEnding:
 
     def __init__(self, *, spec: pb.JobSpec, n: int, events: EventQueue,
                  locals_: list[WorkerRun], remotes: list[RemoteHost], warm_call: bool,
-                 session: bool, preempted: Callable[[], bool]) -> None:
+                 session: bool, preempted: Callable[[], bool],
+                 ending_of: Callable[[object], tuple[int, str] | None] = lambda item: None
+                 ) -> None:
         self.spec = spec
         self.n = n
         self.events = events
@@ -53,6 +56,10 @@ class JobEnding:
         self.done: set[int] = set()
         self.exited: set[int] = set()
         self.warm_kept = False           # every host parked: the session goes on
+        # (state, why) of a cancel or timeout that came while waiting for hosts
+        self._ending_of = ending_of
+        self.stopped: tuple[int, str] | None = None
+        self.interrupted_at: float | None = None     # the caller's first Ctrl-C
 
     @property
     def handles(self) -> list[ProcessHandle]:
@@ -132,7 +139,8 @@ class JobEnding:
         yield from self.take_until(wanted, SETTLE_SECONDS, forward=True)
 
     def take_until(self, wanted: set[int], seconds: float, forward: bool) -> Iterator[pb.Event]:
-        """Take events until every host in ``wanted`` has exited, or ``seconds``."""
+        """Take events until every host in ``wanted`` has exited, or
+        ``seconds``, or a cancel or timeout comes (kept as ``stopped``)."""
         deadline = time.monotonic() + seconds
         while not wanted <= self.exited:
             left = deadline - time.monotonic()
@@ -143,6 +151,9 @@ class JobEnding:
             except queue.Empty:
                 return
             if not isinstance(item, pb.Event):
+                if self.stopped is None and (ending := self._ending_of(item)) is not None:
+                    self.stopped = ending
+                    return
                 continue
             if forward:
                 yield from forwarded(item)
@@ -156,13 +167,31 @@ class JobEnding:
     def raised(self) -> Iterator[pb.Event]:
         """A host raised: in a warm session, the session goes on if every
         other host comes back to rest within ``REST_SECONDS`` (its worker
-        parked: it returned or raised too); otherwise, as ``fail``."""
+        parked: it returned or raised too; after an interrupt, within
+        ``INTERRUPT_SECONDS`` of it); otherwise, as ``fail``."""
         if self._session:
-            yield from self.take_until(set(range(self.n)), REST_SECONDS, forward=True)
+            window = REST_SECONDS
+            if self.interrupted_at is not None:
+                window = max(window, INTERRUPT_SECONDS
+                             - (time.monotonic() - self.interrupted_at))
+            yield from self.take_until(set(range(self.n)), window, forward=True)
+            if self.stopped is not None:
+                yield from self.fail(*self.stopped)
+                return
             if self._all_parked():
                 yield self._failed_at_rest()
                 return
+        if self.interrupted_at is not None:
+            yield from self.fail(pb.JOB_STATE_CANCELLED, self.not_back())
+            return
         yield from self.fail(pb.JOB_STATE_FAILED)
+
+    def not_back(self) -> str:
+        """Why an interrupted job was cancelled: the hosts not back to rest."""
+        late = [i for i in range(self.n) if i not in self.exited]
+        return (f"interrupted by its caller, and host{'s' if len(late) != 1 else ''} "
+                f"{', '.join(map(str, late))} did not come back to rest within "
+                f"{INTERRUPT_SECONDS:g} s: every host was stopped")
 
     def _all_parked(self) -> bool:
         return self._session and len(self.exited) == self.n and \
@@ -172,6 +201,10 @@ class JobEnding:
         """The end of a failed call whose every host is parked: the warm
         session goes on."""
         self.warm_kept = True
+        if self.interrupted_at is not None:
+            return pb.Event(host=0, end=pb.JobEnd(
+                state=pb.JOB_STATE_CANCELLED, root_cause_host=-1, hosts=self.reports,
+                detail=f"interrupted by its caller; {WARM_KEPT}", warm_kept=True))
         return pb.Event(host=0, end=pb.JobEnd(
             state=pb.JOB_STATE_FAILED, root_cause_host=root_cause(self.reports),
             hosts=self.reports, detail=WARM_KEPT, warm_kept=True))

@@ -35,6 +35,7 @@ from remote_tpu_agent.jobs.events import EventQueue
 from remote_tpu_agent.host.preparing import Prepared, local_calls, prepare_or_end
 from remote_tpu_agent.worker.processes import Children
 from remote_tpu_agent.gateway.warm import ParkedWakes, WarmSession, new_session_id, session_record
+from remote_tpu._core.limits import INTERRUPT_SECONDS
 from remote_tpu_agent.gateway.ending import WARM_LOST, JobEnding, forwarded
 from remote_tpu_agent.gateway.preflight import preflight
 from remote_tpu_agent.gateway.peer_process import RemoteHost
@@ -48,6 +49,8 @@ from remote_tpu_agent.host.working_dirs import refs_of
 log = logging.getLogger(__name__)
 
 _TIMED_OUT = object()
+_INTERRUPTED = object()         # the caller's first Ctrl-C (``GatewayJob.interrupt``)
+_INTERRUPT_OVER = object()      # ... INTERRUPT_SECONDS ago, and the job still runs
 
 
 @dataclasses.dataclass
@@ -110,7 +113,9 @@ class GatewayJob:
             for address, s in self._peer_specs]
         self.end = JobEnding(spec=spec, n=self.n, events=self.events, locals_=self.locals,
                              remotes=self.remotes, warm_call=warm is not None,
-                             session=bool(self.session_id), preempted=preempted)
+                             session=bool(self.session_id), preempted=preempted,
+                             ending_of=self._ending)
+        self._interrupt_timer: threading.Timer | None = None
         self.permanent = False            # a peer refused us for good (gateway.preflight)
         self._emit_warm = ParkedWakes(self.events, self.n)    # a warm call's events
 
@@ -126,6 +131,28 @@ class GatewayJob:
     def cancel(self, reason: str, state: int = pb.JOB_STATE_CANCELLED) -> None:
         """Stop the job on every host; it ends in ``state`` with ``reason``."""
         self.events.put(_Cancel(reason, state))
+
+    def interrupt(self) -> None:
+        """The caller's first Ctrl-C: KeyboardInterrupt in the function on
+        every host. In a warm session its workers stay if every host comes
+        back to rest within ``INTERRUPT_SECONDS`` (``JobEnding.raised``); else
+        it is cancelled. A cold job's workers end anyway: it is a cancel."""
+        if not self.session_id:
+            self.cancel("interrupted by its caller")
+            return
+        self.events.put(_INTERRUPTED)
+
+    def _interrupt_hosts(self) -> None:
+        if self.end.interrupted_at is not None:
+            return
+        self.end.interrupted_at = time.monotonic()
+        for h in self.handles:
+            if h.host not in self.end.exited:
+                h.interrupt()
+        self._interrupt_timer = threading.Timer(INTERRUPT_SECONDS, self.events.put,
+                                                (_INTERRUPT_OVER,))
+        self._interrupt_timer.daemon = True
+        self._interrupt_timer.start()
 
     def stacks(self) -> list[pb.HostStacks]:
         """Every host's Python stacks, collected in parallel."""
@@ -166,8 +193,9 @@ class GatewayJob:
                 return
             yield from self._run()
         finally:
-            if timer is not None:
-                timer.cancel()
+            for pending in (timer, self._interrupt_timer):
+                if pending is not None:
+                    pending.cancel()
             self.children.stop("the job is over")
             self.events.close()
             for h in [] if self.warm_kept else self.handles:   # (kept: the session's next
@@ -207,6 +235,8 @@ class GatewayJob:
             return item.state, item.reason
         if item is _TIMED_OUT:
             return pb.JOB_STATE_TIMED_OUT, f"timed out after {self.spec.timeout_seconds:g} s"
+        if item is _INTERRUPT_OVER:
+            return pb.JOB_STATE_CANCELLED, self.end.not_back()
         return None
 
     def _place_locals(self, prepared: Prepared) -> None:
@@ -255,6 +285,12 @@ class GatewayJob:
         end = self.end
         while True:
             item = self.events.get()
+            if item is _INTERRUPTED:
+                self._interrupt_hosts()
+                continue
+            if item is _INTERRUPT_OVER:
+                yield from end.fail(*self._ending(item))
+                return
             if isinstance(item, _Cancel):
                 if item.state == pb.JOB_STATE_PREEMPTED:
                     end.reports[0].preempted = True

@@ -163,6 +163,10 @@ class RemoteHost:
         if not self.parked:
             self._control(pb.RunRequest(control=pb.CONTROL_RELEASE))
 
+    def interrupt(self) -> None:
+        if not self.parked:
+            self._control(pb.RunRequest(control=pb.CONTROL_INTERRUPT))
+
     def cancel(self) -> None:
         lane = self._lane
         if lane is not None:          # the quicker way; gRPC too, should the lane be dead

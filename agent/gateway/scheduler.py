@@ -111,6 +111,17 @@ class Scheduler(WarmScheduling):
         _drop_payload(record)
         return True
 
+    def interrupt(self, job_id: str, reason: str) -> bool:
+        """KeyboardInterrupt in a running job's function on every host
+        (``GatewayJob.interrupt``); a job not running yet is cancelled. False
+        if this scheduler does not have it."""
+        with self._cond:
+            current = self._current
+        if current and current[0].job_id == job_id and current[1] is not None:
+            current[1].interrupt()
+            return True
+        return self.cancel(job_id, reason)
+
     def stacks(self, job_id: str) -> list[pb.HostStacks] | None:
         with self._cond:
             current = self._current

@@ -243,6 +243,8 @@ class PeerCall:
                     run.release()
                 elif req.control == pb.CONTROL_CANCEL:
                     threading.Thread(target=self.cancel, daemon=True).start()
+                elif req.control == pb.CONTROL_INTERRUPT and run is not None:
+                    run.interrupt()
                 else:
                     log.warning("job %s: ignoring unexpected request %s", self._spec.job_id,
                                 kind or f"control {req.control}")

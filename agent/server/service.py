@@ -233,7 +233,9 @@ class AgentService(pb_grpc.AgentServicer):
 
     def Cancel(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.JobStatus:
         record = self.parts.jobs.known(request.job_id, context)
-        if not record.finished:
+        if not record.finished and request.interrupt:
+            self.parts.scheduler.interrupt(record.job_id, "interrupted by its caller")
+        elif not record.finished:
             self.parts.scheduler.cancel(record.job_id, "cancelled on request")
         return status_of(record)
 

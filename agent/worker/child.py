@@ -285,6 +285,18 @@ def _enter_working_dir(path: str) -> None:
         os.chdir(_START_DIR)
 
 
+class _interruptible:
+    """While the user's function runs, SIGINT (a warm caller's first Ctrl-C,
+    sent by the agent: ``CONTROL_INTERRUPT``) raises KeyboardInterrupt in it,
+    as Ctrl-C does in a notebook; anywhere else the worker ignores it."""
+
+    def __enter__(self) -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
     """One call: load the function, call it, keep process 0's value. Returns
     the outcome for the agent, and the pickled value when it goes inline."""
@@ -313,7 +325,8 @@ def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
         del data
         phase = "running the function"
         from remote_tpu_agent.worker import profile as _profile
-        value = _profile.call(fn, args, kwargs)
+        with _interruptible():
+            value = _profile.call(fn, args, kwargs)
         if process_id == 0:
             phase = "pickling the return value"
             payload = _serialization.dumps(value, what="the return value")
@@ -343,6 +356,7 @@ def main() -> None:
     status_fd = int(os.environ[ENV_STATUS_FD])
     for fd in (control_fd, status_fd):    # not for the user's own subprocesses
         os.set_inheritable(fd, False)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # but in the function: _interruptible
     _worker_output.buffer_output()
 
     # On demand (and on timeout) the agent asks where every thread is; this works

@@ -35,6 +35,10 @@ class ProcessHandle(Protocol):
     def cancel(self) -> None:
         """Stop the process's call (its process group, here or on the peer)."""
 
+    def interrupt(self) -> None:
+        """Raise KeyboardInterrupt in the function the process runs (a no-op
+        between calls)."""
+
     def close(self) -> None:
         """The call is over: nothing of it survives, but a parked process."""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -199,6 +200,17 @@ class WorkerRun:
             return ("(the worker is still starting: it can report its stacks once Python "
                     "is up, in a moment)")
         return dump_stacks(self.proc.pid, self._stacks_path, wait)
+
+    def interrupt(self) -> None:
+        """Raise KeyboardInterrupt in the function the worker runs (SIGINT to
+        the worker alone: ``worker.child`` takes it only in the user's code)."""
+        with self._lock:
+            proc = None if self.parked or self._cancelled else self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
 
     def cancel(self) -> None:
         """Stop the worker's whole process group (SIGTERM, then SIGKILL)."""

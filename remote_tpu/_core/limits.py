@@ -45,6 +45,11 @@ def valid_text(text: object) -> str:
     return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+# After a warm caller's first Ctrl-C (KeyboardInterrupt in the function on
+# every host), how long the hosts have to come back to rest for the warm
+# workers to stay; then the call is cancelled and they end.
+INTERRUPT_SECONDS = 5.0
+
 _SUBMIT_BASE_SECONDS = 600.0                # see upload_deadline
 _SLOWEST_UPLOAD_BYTES_PER_SECOND = 1_000_000
 

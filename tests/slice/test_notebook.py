@@ -1,6 +1,8 @@
 """A real Jupyter kernel (ipykernel, driven by jupyter_client as nbclient
 drives it): interrupting a cell that waits on a remote call cancels the job on
-every host, raises KeyboardInterrupt in the cell, and the kernel goes on."""
+every host, raises KeyboardInterrupt in the cell, and the kernel goes on; in a
+warm call, the interrupt reaches the function on every host and the warm
+workers stay."""
 
 from __future__ import annotations
 
@@ -110,6 +112,47 @@ def step(rows):
         # hides the last frame); none of the hosts' frames.
         assert out.count("remote_tpu/") == 1 and "in RemoteFunction.__call__" in out, out
         assert "worker/child.py" not in out and "agent/" not in out, out
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+        agents.stop()
+
+
+def test_a_warm_cell_interrupted_once_keeps_its_workers_and_state():
+    """The stop button in a cell whose function runs warm: KeyboardInterrupt
+    inside the function on every host (its clean-up runs), the cell ends in
+    KeyboardInterrupt, and the next cell finds the same workers and state."""
+    agents = Agents(2)
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    try:
+        reply, out = _run_cell(kc, f"""
+import remote_tpu, time
+@remote_tpu.run(accelerator="tpu-v4-16", hosts={agents.addresses[0]!r},
+                token={agents.token!r}, keep_warm=60, stream="all")
+def step(seconds):
+    import os, time
+    remote_tpu.state["n"] = remote_tpu.state.get("n", 0) + 1
+    try:
+        time.sleep(seconds)
+    except KeyboardInterrupt:
+        print("cleaning up", flush=True)
+        raise
+    return remote_tpu.state["n"], os.getpid()
+print(step(0))
+""")
+        assert reply["status"] == "ok", out
+        first_pid = int(out.strip().rsplit(" ", 1)[1].rstrip(")"))
+        workers = {p.pid for p in live_workers()}
+        msg_id = kc.execute("step(120)")
+        time.sleep(1.5)                              # running on both hosts
+        km.interrupt_kernel()                        # the stop button: SIGINT
+        reply, out = _reply(kc, msg_id, 30)
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+        assert "warm workers were kept" in reply["evalue"], reply
+        assert out.count("cleaning up") == 2, out    # on both hosts
+        assert {p.pid for p in live_workers()} == workers
+        reply, out = _run_cell(kc, "print(step(0))")
+        assert reply["status"] == "ok" and out.strip().endswith(f"(3, {first_pid})"), out
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -281,40 +281,104 @@ def test_keep_warm_is_checked_when_decorating(monkeypatch):
         lambda: 0).options.keep_warm == 0.0
 
 
-def _interruptible(head: str, call: str, then: str = "") -> subprocess.Popen:
+def _interruptible(head: str, call: str, then: str = "", args: tuple = ()) -> subprocess.Popen:
     """A caller that runs ``head``, prints 'calling', makes ``call``, prints
-    'interrupted' on Ctrl-C, then runs ``then``."""
+    'interrupted' on Ctrl-C, then runs ``then`` (``args``: its sys.argv[1:])."""
     code = (f"{head}try:\n    print('calling', flush=True)\n    {call}\n"
-            f"except KeyboardInterrupt:\n    print('interrupted', flush=True)\n{then}")
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+            f"except KeyboardInterrupt as e:\n    print('interrupted', flush=True)\n"
+            f"    print('KeyboardInterrupt:', e, file=__import__('sys').stderr)\n{then}")
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def test_ctrl_c_in_a_warm_call_stops_every_host_and_the_next_call_starts_fresh(slice_):
+def _ctrl_c_caller(agents, on_interrupt: str, marks) -> subprocess.Popen:
+    """A caller whose warm ``step(sleep)`` counts its calls in remote_tpu.state,
+    sleeps, and on KeyboardInterrupt writes ``cleaned-<host>`` in its working
+    directory, then runs ``on_interrupt`` (indented code, e.g. ``raise``)."""
     code = ("import os, sys, time, remote_tpu\n"
-            f"@remote_tpu.run(accelerator='tpu-v4-16', hosts={slice_.addresses[0]!r}, "
-            f"token={slice_.token!r}, stream='none', keep_warm=60)\n"
-            "def step(sleep):\n"
+            f"@remote_tpu.run(accelerator='tpu-v4-16', hosts={agents.addresses[0]!r}, "
+            f"token={agents.token!r}, stream='none', keep_warm=60)\n"
+            "def step(sleep, mark=''):\n"
+            "    import jax\n"
             "    remote_tpu.state['n'] = remote_tpu.state.get('n', 0) + 1\n"
-            "    time.sleep(sleep)\n"
-            "    return remote_tpu.state['n']\n"
-            "print('first', step(0), flush=True)\n")
-    proc = _interruptible(code, "step(300)", then="print('next', step(0), flush=True)\n")
+            "    try:\n"
+            "        time.sleep(sleep)\n"
+            "    except KeyboardInterrupt:\n"
+            "        open(os.path.join(mark, f'cleaned-{jax.process_index()}'), 'w').close()\n"
+            f"{on_interrupt}\n"
+            "    return remote_tpu.state['n'], os.getpid()\n"
+            "print('first', *step(0), flush=True)\n")
+    return _interruptible(code, "step(300, sys.argv[1])", then=(
+        "print('next', *step(0), flush=True)\n"), args=(str(marks),))
+
+
+def _ctrl_c(proc: subprocess.Popen) -> None:
+    proc.send_signal(__import__("signal").SIGINT)
+
+
+def test_the_first_ctrl_c_interrupts_every_host_and_keeps_the_warm_workers(slice_, tmp_path):
+    proc = _ctrl_c_caller(slice_, "        raise", tmp_path)
     try:
-        assert proc.stdout.readline().strip() == "first 1"
-        workers = _workers(slice_)
+        first = proc.stdout.readline().split()
+        assert first[:2] == ["first", "1"], first
+        workers = {w.pid for w in _workers(slice_)}
         assert len(workers) == 2
         assert proc.stdout.readline().strip() == "calling"
-        time.sleep(1)                        # the second call is running on both hosts
-        proc.send_signal(__import__("signal").SIGINT)
+        time.sleep(1)                        # the call is running on both hosts
+        _ctrl_c(proc)
         assert proc.stdout.readline().strip() == "interrupted"
-        assert wait_until(lambda: not any(map(alive, workers)), timeout=5)
-        assert proc.stdout.readline().strip() == "next 1"      # fresh workers, empty state
+        # every host ran its clean-up, and the same workers take the next call
+        assert sorted(os.listdir(tmp_path)) == ["cleaned-0", "cleaned-1"]
+        assert proc.stdout.readline().split() == ["next", "3", first[2]]
+        assert {w.pid for w in _workers(slice_)} == workers
     finally:
         out, err = _finish(proc)
     assert proc.returncode == 0, err
-    # Said, though the call had sent no event yet (Ctrl-C came while it started).
+    assert "interrupting job" in err and "KeyboardInterrupt in the function" in err, err
+    assert "were stopped" not in err, err
+
+
+def test_a_second_ctrl_c_stops_every_host_and_the_next_call_starts_fresh(slice_, tmp_path):
+    proc = _ctrl_c_caller(slice_, "        time.sleep(300)", tmp_path)   # (clean-up hangs)
+    try:
+        assert proc.stdout.readline().split()[:2] == ["first", "1"]
+        workers = _workers(slice_)
+        assert proc.stdout.readline().strip() == "calling"
+        time.sleep(1)
+        _ctrl_c(proc)
+        assert wait_until(lambda: len(os.listdir(tmp_path)) == 2, timeout=10)
+        started = time.monotonic()
+        _ctrl_c(proc)
+        assert proc.stdout.readline().strip() == "interrupted"
+        assert wait_until(lambda: not any(map(alive, workers)), timeout=5)
+        assert time.monotonic() - started < 5
+        assert proc.stdout.readline().split()[:2] == ["next", "1"]   # fresh, empty state
+    finally:
+        out, err = _finish(proc)
+    assert proc.returncode == 0, err
     assert "was cancelled on every host; the warm workers were stopped with it" in err, err
+
+
+def test_a_host_not_back_in_time_after_ctrl_c_ends_the_warm_workers(slice_, tmp_path):
+    proc = _ctrl_c_caller(slice_, "        if jax.process_index() == 1:\n"
+                                  "            time.sleep(300)\n"
+                                  "        raise", tmp_path)
+    try:
+        assert proc.stdout.readline().split()[:2] == ["first", "1"]
+        workers = _workers(slice_)
+        assert proc.stdout.readline().strip() == "calling"
+        time.sleep(1)
+        started = time.monotonic()
+        _ctrl_c(proc)
+        assert proc.stdout.readline().strip() == "interrupted"
+        assert 4 < time.monotonic() - started < 12          # INTERRUPT_SECONDS, then the stop
+        assert wait_until(lambda: not any(map(alive, workers)), timeout=5)
+        assert proc.stdout.readline().split()[:2] == ["next", "1"]
+    finally:
+        out, err = _finish(proc)
+    assert proc.returncode == 0, err
+    assert "host 1 did not come back to rest within 5 s" in err, err
+    assert "warm workers were stopped" in err, err
 
 
 def test_ctrl_c_before_the_gateway_answers_does_not_say_the_warm_workers_stopped():

@@ -50,6 +50,7 @@ class Control(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CONTROL_UNSPECIFIED: _ClassVar[Control]
     CONTROL_RELEASE: _ClassVar[Control]
     CONTROL_CANCEL: _ClassVar[Control]
+    CONTROL_INTERRUPT: _ClassVar[Control]
 
 class OutputStream(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -106,6 +107,7 @@ FRAME_KIND_LINKED: FrameKind
 CONTROL_UNSPECIFIED: Control
 CONTROL_RELEASE: Control
 CONTROL_CANCEL: Control
+CONTROL_INTERRUPT: Control
 OUTPUT_STREAM_UNSPECIFIED: OutputStream
 OUTPUT_STREAM_STDOUT: OutputStream
 OUTPUT_STREAM_STDERR: OutputStream
@@ -238,14 +240,16 @@ class DoctorReply(_message.Message):
     def __init__(self, hosts: _Optional[_Iterable[_Union[HostHealth, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[Probe, _Mapping]]] = ...) -> None: ...
 
 class JobRef(_message.Message):
-    __slots__ = ("job_id", "data_port", "value_in_end")
+    __slots__ = ("job_id", "data_port", "value_in_end", "interrupt")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     VALUE_IN_END_FIELD_NUMBER: _ClassVar[int]
+    INTERRUPT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     data_port: bool
     value_in_end: bool
-    def __init__(self, job_id: _Optional[str] = ..., data_port: _Optional[bool] = ..., value_in_end: _Optional[bool] = ...) -> None: ...
+    interrupt: bool
+    def __init__(self, job_id: _Optional[str] = ..., data_port: _Optional[bool] = ..., value_in_end: _Optional[bool] = ..., interrupt: _Optional[bool] = ...) -> None: ...
 
 class JobStatus(_message.Message):
     __slots__ = ("job_id", "phase", "accelerator", "num_hosts", "created_at", "started_at", "ended_at", "detail", "queued_behind", "queue_position", "existed", "end", "warm_until", "attempts", "num_slices")
