@@ -156,6 +156,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         retries: int | Any = None,
         num_slices: int | None = None,
         profile: bool | float = False,
+        all_results: bool | None = None,
         name: str | None = None,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
@@ -240,6 +241,11 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         directory (needs ``output_dir=``): the traces land in
         ``{output_dir}/{job_id}/host_{i}/plugins/profile/``, for TensorBoard or
         XProf; the call says where when it ends.
+    all_results: True to get every process's return value, a list in process
+        order (per-host metrics, say), instead of process 0's alone
+        (``REMOTE_TPU_ALL_RESULTS``). Each value but process 0's may be up to
+        64 MiB pickled; a larger one fails its process with a message that
+        says so.
     name: the job's name: its job ids are ``NAME-`` and 12 hex digits, new for
         each call (default: the function's name). Letters, digits, ``_``,
         ``.`` and ``-``, at most 40.

@@ -278,6 +278,24 @@ def allow_jax_requirements(value: bool, get: Get) -> bool:
     return value
 
 
+def all_results(value: bool | None, get: Get) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"all_results= must be True or False, got {value!r}")
+    return value
+
+
+def flag_text(text: str) -> bool:
+    """A true/false environment variable's text."""
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"{text!r} is not true or false: use 1 or 0")
+
+
 def retries(value: object, get: Get) -> object:
     """A ``_retries.Retries``, or None."""
     from ._retries import coerce

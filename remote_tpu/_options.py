@@ -58,6 +58,7 @@ class RunOptions:
     num_slices: int = 1
     slices: tuple[Hosts, ...] = ()    # num_slices > 1, not local: each slice's hosts
     profile: float = 0.0              # seconds of jax.profiler trace (inf: the call); 0 = off
+    all_results: bool = False         # every process's value, a list in process order
     name: str = ""                    # the start of its job ids; "" = the function's name
     keep_going: bool = False          # no fail-fast (`remote-tpu exec`)
 
@@ -297,6 +298,11 @@ OPTIONS: tuple[Option, ...] = (
            "call, or its first seconds",
            spec=_same("profile_seconds", "profile"),
            flag=Flag(metavar="call|SECONDS", parse=check.profile_text)),
+    Option("all_results", "bool | None", None, check.all_results,
+           "return every process's value, a list in process order, instead of process "
+           "0's (each other process's up to 64 MiB pickled)",
+           env="REMOTE_TPU_ALL_RESULTS", env_parse=check.flag_text, means="False",
+           spec=_same("all_results", "all_results")),
     Option("name", "str | None", None, check.name,
            "the job's name, the start of its job id",
            means="the function's name",

@@ -10,7 +10,7 @@ from typing import Any
 
 import grpc
 
-from ._core import data_wire, digests
+from ._core import data_wire, digests, value_list
 from ._core.channels import error_from_rpc
 from ._core.exceptions import (AgentUnavailableError, JobFailedError, JobTimeoutError,
                                RemoteError, RemoteTraceback, SerializationError)
@@ -296,4 +296,17 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
         raise SerializationError(f"the return value of job {job_id} arrived corrupted (its "
                                  f"{digests.NAME} digest does not match the gateway's); nothing was "
                                  "unpickled. Call again.")
-    return loads(data, what="return value")
+    return value_of(data, job_id)
+
+
+def value_of(data: bytes | memoryview, job_id: str) -> Any:
+    """The job's value from its bytes: one pickled value, or (all_results=)
+    every process's, a list in process order."""
+    try:
+        parts = value_list.split(data)
+    except ValueError as exc:
+        raise SerializationError(f"the return values of job {job_id}: {exc}; nothing was "
+                                 "unpickled. Call again.") from None
+    if parts is None:
+        return loads(data, what="return value")
+    return [loads(part, what=f"return value of process {i}") for i, part in enumerate(parts)]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from remote_tpu._core.limits import INTERRUPT_SECONDS
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
+from remote_tpu_agent.gateway.all_results import Joined, join
 from remote_tpu_agent.gateway.peer_process import RemoteHost
 from remote_tpu_agent.gateway.root_cause import root_cause
 from remote_tpu_agent.jobs.events import EventQueue
@@ -42,8 +43,8 @@ class JobEnding:
     def __init__(self, *, spec: pb.JobSpec, n: int, events: EventQueue,
                  locals_: list[WorkerRun], remotes: list[RemoteHost], warm_call: bool,
                  session: bool, preempted: Callable[[], bool],
-                 ending_of: Callable[[object], tuple[int, str] | None] = lambda item: None
-                 ) -> None:
+                 ending_of: Callable[[object], tuple[int, str] | None] = lambda item: None,
+                 job_dir: str = "") -> None:
         self.spec = spec
         self.n = n
         self.events = events
@@ -56,6 +57,8 @@ class JobEnding:
         self.done: set[int] = set()
         self.exited: set[int] = set()
         self.warm_kept = False           # every host parked: the session goes on
+        self._job_dir = job_dir
+        self.joined: Joined | None = None    # all_results=: every process's value
         # (state, why) of a cancel or timeout that came while waiting for hosts
         self._ending_of = ending_of
         self.stopped: tuple[int, str] | None = None
@@ -121,10 +124,16 @@ class JobEnding:
         if lost:
             yield from self.fail(pb.JOB_STATE_FAILED)
             return
+        digest = self.local.result_digest
+        if self.spec.all_results:
+            joined = join(self.handles, self._job_dir)
+            if isinstance(joined, str):
+                yield from self.fail(pb.JOB_STATE_FAILED, joined)
+                return
+            self.joined, digest = joined, joined.digest
         self.warm_kept = self._session and all(r.warm for r in self.reports)
         yield pb.Event(host=0, end=pb.JobEnd(state=pb.JOB_STATE_SUCCEEDED, root_cause_host=-1,
-                                             hosts=self.reports,
-                                             result_digest=self.local.result_digest))
+                                             hosts=self.reports, result_digest=digest))
 
     def settle_hosts(self, handles: Sequence[ProcessHandle]) -> Iterator[pb.Event]:
         """Wait for these released hosts to exit; stop those that do not."""

@@ -114,7 +114,7 @@ class GatewayJob:
         self.end = JobEnding(spec=spec, n=self.n, events=self.events, locals_=self.locals,
                              remotes=self.remotes, warm_call=warm is not None,
                              session=bool(self.session_id), preempted=preempted,
-                             ending_of=self._ending)
+                             ending_of=self._ending, job_dir=job_dir)
         self._interrupt_timer: threading.Timer | None = None
         self.permanent = False            # a peer refused us for good (gateway.preflight)
         self._emit_warm = ParkedWakes(self.events, self.n)    # a warm call's events
@@ -207,7 +207,10 @@ class GatewayJob:
                 self.tpu.release()
 
     def result_data(self) -> tuple[bytes | None, str]:
-        """Process 0's pickled value when it came inline; else its file."""
+        """Process 0's pickled value when it came inline; else its file
+        (all_results=: every process's, joined)."""
+        if self.end.joined is not None:
+            return self.end.joined.data, self.end.joined.path
         return self.end.local.result, self.end.local.result_file
 
     def kept_session(self, store) -> WarmSession | None:

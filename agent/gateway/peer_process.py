@@ -19,7 +19,7 @@ from remote_tpu._core import data_wire
 from remote_tpu._core.exceptions import AuthenticationError, VersionMismatchError
 from remote_tpu._core.channels import (Credentials, error_from_rpc, forget_if_unavailable,
                                        health, stub)
-from remote_tpu._core.limits import INLINE_BYTES
+from remote_tpu._core.limits import INLINE_BYTES, OTHER_VALUE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu._core.versions import differences
 
@@ -62,6 +62,9 @@ class RemoteHost:
         self._lane: GatewayLane | None = None     # the session's calls, once opened
         self._on_lane = False                     # a call sent on it has not ended
         self._silent = False                      # its link did not answer the preflight
+        self._value: bytearray | None = None      # all_results=: its pickled value
+        self._value_size = 0
+        self._value_short = False                 # (more came than it announced)
 
     def preflight(self, on_link: bool = True) -> tuple[str, bool]:
         """Check, before anything runs anywhere, that the peer answers, accepts
@@ -190,6 +193,7 @@ class RemoteHost:
                 return False
             self.parked = False
             self._exited_sent = False
+            self._value = None
             self.finished.clear()
             self._emit = emit           # (the call keeps its first job's id: the peer
                                         # knows its worker by it, for stacks)
@@ -268,8 +272,30 @@ class RemoteHost:
                                         detail=f"agent at {self.address}: {why} during the call"))
         self.stop()
 
+    def pickled_value(self) -> bytes | None:
+        """Its function's pickled value, where the call asked for every
+        process's (all_results=); None when none came."""
+        with self._lock:
+            whole = self._value is not None and not self._value_short and \
+                len(self._value) == self._value_size
+            return bytes(self._value) if whole else None
+
+    def _take_value(self, event: pb.Event) -> None:
+        """A result event of all_results=: kept (at most its announced size,
+        itself bounded by the worker: OTHER_VALUE_BYTES)."""
+        with self._lock:
+            if event.HasField("result_size"):
+                self._value_short = event.result_size > OTHER_VALUE_BYTES
+                self._value = bytearray()
+                self._value_size = event.result_size
+            elif self._value is not None and not self._value_short:
+                self._value += event.result_chunk
+                self._value_short = len(self._value) > self._value_size
+
     def _relay_event(self, event: pb.Event) -> None:
-        if event.HasField("exited"):
+        if event.HasField("result_size") or event.HasField("result_chunk"):
+            self._take_value(event)
+        elif event.HasField("exited"):
             self._send_exited(event.exited)
         else:
             with self._lock:

@@ -191,6 +191,8 @@ class PeerCall:
         own thread."""
         if event.HasField("output"):
             self._keep(event)
+        elif event.HasField("result_size") or event.HasField("result_chunk"):
+            pass                # (all_results=: sent in order, before the `exited`)
         elif event.HasField("done") and event.done.warm:
             return              # the worker parked: its `exited` (warm) says it all
         elif event.HasField("exited") and event.exited.warm:
@@ -330,7 +332,7 @@ class PeerCall:
         spec = self._spec
         run = WorkerRun(host=spec.process_id, call=call, emit=self._queue.put,
                         forward_output=True, warm=spec.keep_warm_seconds > 0,
-                        spares=self._host.spares)
+                        spares=self._host.spares, emit_value=True)
         # A parked worker that dies ends the call, so its gateway knows the
         # session is over (its last `exited` event was the warm one).
         run.on_parked_exit = lambda: self._queue.put(None)

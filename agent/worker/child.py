@@ -45,6 +45,7 @@ ENV_INIT_TIMEOUT = "REMOTE_TPU_JAX_INIT_TIMEOUT"
 ENV_HEARTBEAT_TIMEOUT = "REMOTE_TPU_JAX_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "REMOTE_TPU_JAX_SHUTDOWN_TIMEOUT"
 ENV_INIT_JAX = "REMOTE_TPU_INIT_JAX"          # "0": init_jax=False (no jax at all)
+ENV_ALL_RESULTS = "REMOTE_TPU_ALL_RESULTS"    # "1": every process's value is sent
 ENV_PYTHON = "REMOTE_TPU_PYTHON"              # requirements=: the environment's interpreter
 
 _START_DIR = os.getcwd()
@@ -298,10 +299,12 @@ class _interruptible:
 
 
 def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
-    """One call: load the function, call it, keep process 0's value. Returns
-    the outcome for the agent, and the pickled value when it goes inline."""
+    """One call: load the function, call it, keep process 0's value (every
+    process's, for ``all_results=``). Returns the outcome for the agent, and
+    the pickled value when it goes inline."""
     from remote_tpu._core import digests
     from remote_tpu._core import serialization as _serialization
+    from remote_tpu._core.limits import OTHER_VALUE_BYTES
 
     outcome: dict = {"state": "succeeded"}
     result = b""
@@ -327,9 +330,15 @@ def _run_call(header: dict, blob: bytes, process_id: int) -> tuple[dict, bytes]:
         from remote_tpu_agent.worker import profile as _profile
         with _interruptible():
             value = _profile.call(fn, args, kwargs)
-        if process_id == 0:
+        if process_id == 0 or os.environ.get(ENV_ALL_RESULTS) == "1":
             phase = "pickling the return value"
             payload = _serialization.dumps(value, what="the return value")
+            if process_id and payload.nbytes > OTHER_VALUE_BYTES:
+                raise _serialization.SerializationError(
+                    f"all_results=: process {process_id}'s return value is "
+                    f"{payload.nbytes:,} bytes pickled; each process but process 0 may "
+                    f"return up to {OTHER_VALUE_BYTES:,}: return a summary (write large "
+                    "data to remote_tpu.output_dir())")
             outcome["result_digest"] = payload.digest().hex()
             if payload.nbytes <= wire.INLINE_BYTES:
                 result = payload.to_bytes()

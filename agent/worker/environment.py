@@ -295,6 +295,7 @@ def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
     if num_slices(spec) > 1:
         env.update(_multislice_env(spec, process_id, coordinator))
     env["REMOTE_TPU_PROFILE"] = repr(spec.profile_seconds)    # always: "0.0" = off
+    env[_worker.ENV_ALL_RESULTS] = "1" if spec.all_results else "0"   # always (a warm worker)
     # retries=: which attempt (the gateway's own count, or the client's in
     # spec.env); always set, so a warm worker never keeps an earlier job's.
     if spec.HasField("retries") or "REMOTE_TPU_ATTEMPT" not in spec.env:

@@ -39,6 +39,10 @@ class ProcessHandle(Protocol):
         """Raise KeyboardInterrupt in the function the process runs (a no-op
         between calls)."""
 
+    def pickled_value(self) -> bytes | str | None:
+        """Its function's pickled value (all_results=: every process's), inline
+        or the path of its file; None when none came."""
+
     def close(self) -> None:
         """The call is over: nothing of it survives, but a parked process."""
 

@@ -59,6 +59,22 @@ def _may_park(report: pb.HostReport, outcome: dict) -> bool:
         outcome.get("phase") not in UNPARKABLE_PHASES
 
 
+def value_events(host: int, value: bytes | str | None):
+    """A pickled value as result events: its size, then its chunks (read from
+    its file when it is in one)."""
+    if value is None:
+        return
+    if isinstance(value, bytes):
+        yield pb.Event(host=host, result_size=len(value))
+        for start in range(0, len(value), CHUNK_SIZE):
+            yield pb.Event(host=host, result_chunk=value[start:start + CHUNK_SIZE])
+        return
+    with open(value, "rb") as f:
+        yield pb.Event(host=host, result_size=os.fstat(f.fileno()).st_size)
+        while chunk := f.read(CHUNK_SIZE):
+            yield pb.Event(host=host, result_chunk=chunk)
+
+
 def _ignore(event: pb.Event) -> None:
     """Where a parked warm worker's events go: its call is over."""
 
@@ -74,8 +90,11 @@ class WorkerRun:
 
     def __init__(self, *, host: int, call: Call, emit: Emit, forward_output: bool,
                  cancel_grace: float = 1.0, warm: bool = False,
-                 spares: Spares | None = None) -> None:
+                 spares: Spares | None = None, emit_value: bool = False) -> None:
         self.host = host
+        # A peer's: its value, where its call asks for every process's
+        # (all_results=), goes out as result events just before its `done`.
+        self._emit_value = emit_value
         self._spares = spares
         self._adopted = False             # its process was a spare (``worker.spares``)
         self.call = call
@@ -100,7 +119,7 @@ class WorkerRun:
         # took the descriptor's number next, another worker's.
         self._control_lock = threading.Lock()
         self.report = pb.HostReport(host=host, state=pb.HOST_STATE_PENDING)
-        self.result_digest = b""          # process 0's value, once pickled
+        self.result_digest = b""          # process 0's value (all_results=: any's), pickled
         self.result: bytes | None = None  # ... inline
         self.result_file = ""             # ... or in this file
         self.finished = threading.Event()   # set once the `exited` event is out
@@ -162,6 +181,14 @@ class WorkerRun:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None and not self._cancelled
+
+    def pickled_value(self) -> bytes | str | None:
+        """Its function's pickled value: inline, or the path of its file; None
+        when it has none (it failed, or it was not pickled)."""
+        with self._lock:
+            if self.report.state != pb.HOST_STATE_SUCCEEDED or not self.result_digest:
+                return None
+            return self.result if self.result is not None else self.result_file
 
     def parked_output(self) -> list[tuple[int, bytes]]:
         """What a parked worker printed since its last call, taken: for a
@@ -302,6 +329,9 @@ class WorkerRun:
             emit = self._emit
             if park:
                 self._emit = _ignore          # this call's events end with its exit
+            value = self._value_to_send()
+        for event in value_events(self.host, value):
+            emit(event)
         emit(pb.Event(host=self.host, done=report))
         if park:
             exited = pb.HostReport()
@@ -309,6 +339,14 @@ class WorkerRun:
             exited.warm = True
             emit(pb.Event(host=self.host, exited=exited))
             self.finished.set()
+
+    def _value_to_send(self) -> bytes | str | None:
+        """(Under the lock.) The value a peer sends its gateway, if any."""
+        if not (self._emit_value and self.result_digest and
+                self.call.env.get(_worker.ENV_ALL_RESULTS) == "1" and
+                self.report.state == pb.HOST_STATE_SUCCEEDED):
+            return None
+        return self.result if self.result is not None else self.result_file
 
     def _wait_exit(self) -> None:
         assert self.proc is not None

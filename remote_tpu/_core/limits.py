@@ -45,6 +45,10 @@ def valid_text(text: object) -> str:
     return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+# all_results=: each process's value but process 0's, pickled, travels to the
+# gateway in memory, and is bounded so (process 0's, as any job's value, is not).
+OTHER_VALUE_BYTES = 64 << 20
+
 # After a warm caller's first Ctrl-C (KeyboardInterrupt in the function on
 # every host), how long the hosts have to come back to rest for the warm
 # workers to stay; then the call is cancelled and they end.

@@ -29,6 +29,8 @@ NOT_FLAGS = {
     # Where local remote_tpu.Data *arguments* go; a script's arguments are
     # strings, so it has none.
     "staging",
+    # A script has no return value to collect from every process.
+    "all_results",
 }
 
 

@@ -150,6 +150,7 @@ BAD_VARIABLES = [
     ("REMOTE_TPU_STAGING", "/tmp", "give a gs://bucket/prefix"),
     ("REMOTE_TPU_RETRIES", "many", "not a whole number"),
     ("REMOTE_TPU_NUM_SLICES", "0", "from 1 to 64"),
+    ("REMOTE_TPU_ALL_RESULTS", "maybe", "is not true or false: use 1 or 0"),
 ]
 
 
