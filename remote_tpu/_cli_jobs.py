@@ -34,9 +34,13 @@ JOBS_EPILOG = """examples:
 
 LOGS_ORDER = """
 
-Logs carry no timestamps: --host all prints each host's log in turn; with -f,
+Times are the gateway's clock when it stored each output (to a tenth of a
+second; one clock for every host, so no skew between them): --host all merges
+the hosts' logs in that order, each host's lines in their own order; with -f,
 what was written before comes host by host, then each line as it reaches the
-gateway, whichever host it is from. (No --since: the agent keeps no times.)"""
+gateway. --since takes a duration ago (90s, 10m, 2h, 1d) or a local time
+(2026-11-27 14:05, or 14:05 today). A log of an older agent has no times: it
+comes host by host, and --since keeps all of it."""
 
 ACTIONS = {
     "list": ("the jobs the gateway knows, newest first (times are local)", """examples:
@@ -48,7 +52,8 @@ ACTIONS = {
     "logs": ("a host's output, or every host's (--host all)", """examples:
   remote-tpu jobs logs train-3f2a9c0d1e2f                  the leader's (host 0) log
   remote-tpu jobs logs -f --tail 20 train-3f2a9c0d1e2f     its last 20 lines, then on
-  remote-tpu jobs logs --host all --tail 5 train-3f2a9c0d1e2f"""),
+  remote-tpu jobs logs --host all --tail 5 train-3f2a9c0d1e2f
+  remote-tpu jobs logs --host all --since 10m train-3f2a9c0d1e2f   merged, in time order"""),
     "result": ("the value process 0 returned (or the error), once it has ended",
                """examples:
   remote-tpu jobs result train-3f2a9c0d1e2f --hosts 10.0.0.2
@@ -88,6 +93,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             a.add_argument("--tail", type=line_count, default=None, metavar="N",
                            help="only the last N lines of each host's log (with -f: "
                                 "then what comes)")
+            a.add_argument("--since", type=since_time, default=0.0, metavar="WHEN",
+                           help="only what the job wrote from then on: a duration ago "
+                                "(90s, 10m, 2h, 1d) or a local time (14:05, "
+                                "2026-11-27 14:05)")
     j.set_defaults(func=run, jobs_parser=j)
 
 
@@ -103,6 +112,32 @@ def host_choice(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a host: give a host's index "
                                          "(0, 1, ...) or all")
     return host
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def since_time(text: str, now: float | None = None) -> float:
+    """``--since``: a duration ago (``90s``, ``10m``, ``2h``, ``1d``) or a
+    local time (``14:05`` today, ``2026-11-27 14:05``, ISO 8601), as seconds
+    since the epoch."""
+    import datetime
+
+    now = time.time() if now is None else now
+    t = text.strip().lower()
+    if t[-1:] in _UNITS and t[:-1].replace(".", "", 1).isdigit():
+        return now - float(t[:-1]) * _UNITS[t[-1]]
+    try:
+        if len(t) <= 8 and ":" in t:           # a time of day, today
+            clock = datetime.time.fromisoformat(t)
+            day = datetime.datetime.fromtimestamp(now).date()
+            return datetime.datetime.combine(day, clock).timestamp()
+        return datetime.datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is not a time: give a duration ago (90s, 10m, 2h, 1d) or a local time "
+        "(14:05, or 2026-11-27 14:05)")
 
 
 MAX_TAIL = 10_000_000      # lines of --tail: more is every line, said so
@@ -145,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(status_block(reply, time.time()))
     elif args.action == "logs":
-        print_logs(handle, args.host, args.tail, args.follow, sys.stdout)
+        print_logs(handle, args.host, args.tail, args.follow, sys.stdout, args.since)
     elif args.action == "result":               # ended as `remote-tpu run` ends a script
         from ._cli_run import script_status
         status, value = script_status(handle.result)
@@ -308,15 +343,16 @@ def log_count(handle: JobHandle, hosts: int) -> int:
     return hosts * per_host
 
 
-def last_lines(handle: JobHandle, hosts: Sequence[int], n: int
+def last_lines(handle: JobHandle, hosts: Sequence[int], n: int, since: float = 0.0
                ) -> tuple[dict[int, bytes], list[int]]:
     """The last ``n`` lines of each host's log as it is now (an unfinished
-    last line counts as one), and where each log ends: a follower goes on
-    from there, nothing shown twice or missed."""
+    last line counts as one; of what was stored from ``since``), and where
+    each log ends: a follower goes on from there, nothing shown twice or
+    missed."""
     lines = {h: collections.deque(maxlen=n) for h in hosts}
     held = dict.fromkeys(hosts, b"")
     ends = dict.fromkeys(hosts, 0)
-    for host, data, offset in handle._outputs(hosts):
+    for host, data, offset, _ in handle._outputs(hosts, since=since):
         *done, held[host] = (held[host] + data).split(b"\n")
         lines[host].extend(line + b"\n" for line in done)
         ends[host] = offset
@@ -328,7 +364,7 @@ def last_lines(handle: JobHandle, hosts: Sequence[int], n: int
 
 
 def print_logs(handle: JobHandle, host: int | str | None, tail: int | None, follow: bool,
-               out: IO[str]) -> None:
+               out: IO[str], since: float = 0.0) -> None:
     status = handle.status()
     if host == "all":
         count = log_count(handle, status.hosts)
@@ -344,22 +380,22 @@ def print_logs(handle: JobHandle, host: int | str | None, tail: int | None, foll
         printer = LogPrinter(out, None)
     offsets: list[int] = []
     if tail is not None:
-        tails, offsets = last_lines(handle, hosts, tail)
+        tails, offsets = last_lines(handle, hosts, tail, since)
         for h in hosts:
             printer.write(h, tails[h])
             if not follow:
                 printer.end(h)
     if follow:
-        for h, data, _ in handle._outputs(hosts, offsets, follow=True):
+        for h, data, _, _ in handle._outputs(hosts, offsets, follow=True,
+                                             since=0.0 if offsets else since):
             printer.write(h, data)
         for h in hosts:
             printer.end(h)
-    elif tail is None:
-        for h in hosts:                  # host by host, each log whole
-            for _, data, _ in handle._outputs([h]):
-                printer.write(h, data)
+    elif tail is None:                   # every host's log merged in time order
+        for h, data, _, _ in handle._outputs(hosts, merged=True, since=since):
+            printer.write(h, data)
+        for h in hosts:
             printer.end(h)
-
 
 def no_such_host(job_id: str, hosts: int, count: int, host: int) -> str:
     """What ``--host host`` is told where the job has ``count`` logs."""

@@ -186,16 +186,20 @@ class JobHandle(AsFuture):
             yield rest
 
     def _outputs(self, hosts: Sequence[int], offsets: Sequence[int] = (),
-                 follow: bool = False) -> Iterator[tuple[int, bytes, int]]:
+                 follow: bool = False, merged: bool = False, since: float = 0.0
+                 ) -> Iterator[tuple[int, bytes, int, float]]:
         """Each output of the hosts' logs as the agent sends it: (host, bytes,
-        the host's log offset after them), from ``offsets`` (default 0)."""
+        the host's log offset after them, when the gateway stored them), from
+        ``offsets`` (default 0); ``merged``: in time order; ``since``: what was
+        stored from then on."""
         request = pb.WatchRequest(job_id=self._id, hosts=list(hosts), offsets=list(offsets),
-                                  follow=follow)
+                                  follow=follow, merged=merged, since=since)
         stream = self._stream("Watch", request)
         try:
             for event in stream:
                 if event.HasField("output"):
-                    yield event.host, event.output.data, event.output.offset
+                    out = event.output
+                    yield event.host, out.data, out.offset, out.time
         except grpc.RpcError as exc:
             raise self._error(exc) from None
         finally:

@@ -9,6 +9,12 @@ file is split to fill each. A reader whose offset falls in what was dropped
 gets one notice that says how much was cut and how much is kept, then the
 kept tail.
 
+Times: a record of its own (stream ``TIME_MARK``, an 8-byte float of seconds
+since the epoch, never going back) goes before the output written at least
+``MARK_SECONDS`` after the last one; readers that ask for them (``marks``: the
+merged, ``--since``-able logs) date each output by the last mark before it.
+A log written before marks existed simply has none.
+
 The newest records of a log being written (``RECENT_BYTES``) are also kept in
 memory until it is closed: a live follower (an attached caller) that keeps up
 reads them from there, the same records at the same offsets, without a trip
@@ -23,6 +29,7 @@ import errno
 import os
 import struct
 import threading
+import time
 
 from remote_tpu._core.limits import CHUNK_SIZE
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
@@ -32,6 +39,9 @@ _TAIL_SEGMENTS = 4
 DEFAULT_MAX_LOG_BYTES = 1 << 30
 MIN_LOG_BYTES = 512     # a tail segment (an eighth) holds a record with some data
 RECENT_BYTES = 256 << 10    # the newest records of an open log, also in memory
+TIME_MARK = 255             # a record's stream: not output, the time (see above)
+_TIME = struct.Struct("<d")
+MARK_SECONDS = 0.1
 
 
 class StoreFull(OSError):
@@ -51,6 +61,13 @@ def _open_append(path: str) -> int:
 
 
 class HostLog:
+    """One host's log of one job (the module's docstring says how it is kept).
+
+    Why over 200 lines: its writing (segments and their bounds, time marks,
+    the newest records kept in memory) and its reading (from the files, from
+    memory, the notice of what was cut) share one set of offsets under one
+    lock; apart, each half would have to know the other's layout."""
+
     def __init__(self, path: str, max_bytes: int = DEFAULT_MAX_LOG_BYTES,
                  host: int = 0) -> None:
         self.path = path
@@ -69,6 +86,7 @@ class HostLog:
         self._recent_frames: list[bytes] = []
         self._recent_first = 0
         self._recent_bytes = 0
+        self._marked = 0.0            # the time in the last mark written
 
     # ------------------------------------------------------------ writing
 
@@ -104,6 +122,7 @@ class HostLog:
             try:
                 if self._fd is None:
                     self._open()
+                self._mark()
                 view = memoryview(data)
                 while view:
                     n = self._fit(len(view))
@@ -117,6 +136,17 @@ class HostLog:
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise StoreFull(exc.errno, f"no space left for {self.path}") from exc
                 raise
+
+    def _mark(self) -> None:
+        """(With ``_lock`` held.) A time mark, where the last is old enough
+        (and it fits whole: a mark is never split)."""
+        now = time.time()
+        if now - self._marked < MARK_SECONDS or self._fit(_TIME.size) < _TIME.size:
+            return
+        self._marked = max(now, self._marked)
+        start, frame = self._end, _FRAME.pack(TIME_MARK, _TIME.size) + _TIME.pack(self._marked)
+        self._write(frame)
+        self._remember(start, frame)
 
     def _limit(self) -> int:
         """What the open segment may hold."""
@@ -187,8 +217,20 @@ class HostLog:
         head, tails = self.segments()
         return tails[-1] + _size(self._segment_path(tails[-1])) if tails else head
 
-    def read(self, offset: int, limit: int = 1 << 20) -> list[tuple[int, bytes, int]]:
-        """Whole records from ``offset``: (stream, data, offset after it)."""
+    def read(self, offset: int, limit: int = 1 << 20, marks: bool = False
+             ) -> list[tuple[int, bytes, int]]:
+        """Whole records from ``offset``: (stream, data, offset after it); time
+        marks among them only with ``marks`` (``TIME_MARK``: ``time_of``)."""
+        while True:
+            records = self._records(offset, limit)
+            if marks or not records:
+                return records
+            out = [r for r in records if r[0] != TIME_MARK]
+            if out:
+                return out
+            offset = records[-1][2]          # only marks: what follows them
+
+    def _records(self, offset: int, limit: int) -> list[tuple[int, bytes, int]]:
         with self._lock:
             recent = self._read_recent(offset, limit)
         if recent is not None:
@@ -204,7 +246,7 @@ class HostLog:
                 f.seek(offset - start)
                 blob = f.read(limit)
         except FileNotFoundError:
-            return [] if start == 0 else self.read(offset, limit)   # dropped meanwhile
+            return [] if start == 0 else self._records(offset, limit)   # dropped meanwhile
         out = []
         pos = 0
         while pos + _FRAME.size <= len(blob):
@@ -212,7 +254,7 @@ class HostLog:
             end = pos + _FRAME.size + length
             if end > len(blob):
                 if not out and length + _FRAME.size > limit:    # a record larger than a read
-                    return self.read(offset, length + _FRAME.size)
+                    return self._records(offset, length + _FRAME.size)
                 break
             out.append((stream, blob[pos + _FRAME.size:end], offset + end))
             pos = end
@@ -249,3 +291,8 @@ class HostLog:
                 f"output were cut here; kept: the first {head:,} bytes and the last "
                 f"{tail:,} (the agent keeps up to {self.max_bytes:,} bytes of each host's "
                 "log: remote-tpu-agent --max-log-bytes)]\n").encode()
+
+
+def time_of(data: bytes) -> float:
+    """The time a ``TIME_MARK`` record holds (0.0 where it cannot be read)."""
+    return _TIME.unpack(data)[0] if len(data) == _TIME.size else 0.0

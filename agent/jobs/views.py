@@ -3,6 +3,7 @@ result, the list. Everything comes from the job store; nothing here runs jobs.""
 
 from __future__ import annotations
 
+import heapq
 import os
 import socket
 import threading
@@ -16,6 +17,7 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent.worker import child as _worker
 from remote_tpu_agent.wire.data_port import TICKET_SECONDS, DataPort
 from remote_tpu_agent.wire.discovery import Slice
+from remote_tpu_agent.jobs.host_log import TIME_MARK, time_of
 from remote_tpu_agent.jobs.requests import abort, gateway_redirect, valid_job_id
 from remote_tpu_agent.jobs.store import JobRecord, JobStore
 
@@ -72,11 +74,14 @@ class JobViews:
 
 
 def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
-          context: grpc.ServicerContext, with_end: bool) -> Iterator[pb.Event]:
+          context: grpc.ServicerContext, with_end: bool, since: float = 0.0
+          ) -> Iterator[pb.Event]:
     """Every host's output from its offset to the end of its log: without
     ``follow`` the end as it is now, with it the job's end (every byte written
-    before the job finished is sent before the end)."""
+    before the job finished is sent before the end); only what was stored
+    from ``since`` on, where its time is known."""
     position = {h: (offsets[i] if i < len(offsets) else 0) for i, h in enumerate(hosts)}
+    when = dict.fromkeys(hosts, 0.0)    # each host's last time mark read (host_log)
     # Without follow, a running job's logs are read up to where they end now.
     stop = None if follow or record.finished else {h: record.log(h).end() for h in hosts}
     told = 0                      # workers started, as the follower was told
@@ -92,11 +97,16 @@ def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
         for h in hosts:
             if stop is not None and position[h] >= stop[h]:
                 continue
-            for stream, data, offset in record.log(h).read(position[h]):
+            for stream, data, offset in record.log(h).read(position[h], marks=True):
                 position[h] = offset
-                sent = True
+                sent = True                # (a mark too: what follows it is read next)
+                if stream == TIME_MARK:
+                    when[h] = time_of(data)
+                    continue
+                if when[h] and when[h] < since:
+                    continue
                 yield pb.Event(host=h, output=pb.Output(stream=stream, data=data,
-                                                        offset=offset))
+                                                        offset=offset, time=when[h]))
         if sent:
             continue              # read on until a pass finds nothing new
         if finished:
@@ -107,6 +117,28 @@ def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
             return
         with record.changed:
             record.changed.wait_for(lambda: record.version != version, timeout=1.0)
+
+
+def merged(record: JobRecord, hosts: list[int], since: float = 0.0) -> Iterator[pb.Event]:
+    """The hosts' logs as they are now, merged in time order (each host's
+    own order kept; a log without times comes after the others' output of
+    its time 0, host by host), from ``since``; then the job's end if it is over.
+    Holds one read of each log at a time."""
+    def timed(h: int) -> Iterator[tuple[float, int, int, bytes, int]]:
+        log, position, when = record.log(h), 0, 0.0
+        stop = log.end()
+        while position < stop and (batch := log.read(position, marks=True)):
+            for stream, data, offset in batch:
+                position = offset
+                if stream == TIME_MARK:
+                    when = time_of(data)
+                elif not when or when >= since:
+                    yield when, h, stream, data, offset
+    for when, h, stream, data, offset in heapq.merge(*map(timed, hosts), key=lambda r: r[0]):
+        yield pb.Event(host=h, output=pb.Output(stream=stream, data=data, offset=offset,
+                                                time=when))
+    if record.finished:
+        yield pb.Event(host=0, end=status_of(record).end)
 
 
 def result(record: JobRecord, data_port: DataPort | None = None,

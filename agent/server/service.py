@@ -36,7 +36,7 @@ from remote_tpu_agent.host.config import AgentConfig
 from remote_tpu_agent.host.output_dir import own_files, slice_files
 from remote_tpu_agent.jobs.requests import (Refused, abort, checked_spec, gateway_redirect,
                                             valid_job_id)
-from remote_tpu_agent.jobs.views import result, status_of, watch
+from remote_tpu_agent.jobs.views import merged, result, status_of, watch
 from remote_tpu_agent.peer import role as _peer
 from remote_tpu_agent.server.guard import Refusals, TokenInterceptor
 from remote_tpu_agent.server.parts import AgentParts
@@ -194,8 +194,12 @@ class AgentService(pb_grpc.AgentServicer):
         if bad:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"job {record.job_id} has processes 0-{count - 1}, not {bad[0]}")
-        yield from self._in_slot(self.streams, context, watch(
-            record, hosts, list(request.offsets), request.follow, context, with_end=True))
+        if request.merged and not request.follow:
+            events = merged(record, hosts, request.since)
+        else:
+            events = watch(record, hosts, list(request.offsets), request.follow, context,
+                           with_end=True, since=request.since)
+        yield from self._in_slot(self.streams, context, events)
 
     def Result(self, request: pb.JobRef, context: grpc.ServicerContext) -> Iterator[pb.Event]:
         record = self.parts.jobs.known(request.job_id, context)

@@ -13,10 +13,12 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-from conftest import Agents
+import remote_tpu
+from conftest import Agents, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -165,9 +167,14 @@ def test_jobs_logs_of_every_host_and_their_tails(slice_, tmp_path):
     job_id = _finished_job(slice_, tmp_path, HOST_LINES)
     done = _cli(slice_, "jobs", "logs", "--host", "all", job_id)
     assert done.returncode == 0, done.stderr
-    # Host by host, each line prefixed; a last line without its end is ended.
-    assert done.stdout == "".join("".join(f"[host {i}] line {n} of {i}\n" for n in range(4))
-                                  + f"[host {i}] unfinished {i}\n" for i in (0, 1)), done.stdout
+    # Merged in time order, each host's lines in their own order, each line
+    # prefixed; a last line without its end is ended.
+    lines = done.stdout.splitlines(keepends=True)
+    for i in (0, 1):
+        assert [line for line in lines if line.startswith(f"[host {i}] ")] == \
+            [f"[host {i}] line {n} of {i}\n" for n in range(4)] + \
+            [f"[host {i}] unfinished {i}\n"], done.stdout
+    assert len(lines) == 10, done.stdout
     done = _cli(slice_, "jobs", "logs", "--host", "all", "--tail", "2", job_id)
     assert done.stdout == ("[host 0] line 3 of 0\n[host 0] unfinished 0\n"
                            "[host 1] line 3 of 1\n[host 1] unfinished 1\n"), done.stdout
@@ -179,6 +186,42 @@ def test_jobs_logs_of_every_host_and_their_tails(slice_, tmp_path):
     assert (done.returncode, done.stdout) == (0, ""), done.stderr
     done = _cli(slice_, "jobs", "logs", "--tail", "10000000", job_id)    # the most: all
     assert done.stdout.endswith("line 3 of 0\nunfinished 0"), done.stdout
+
+
+@pytest.mark.slow
+def test_jobs_logs_of_every_host_merge_in_time_order_from_since(slice_, tmp_path):
+    import datetime
+
+    start = time.time() + 8                       # the hosts take turns from then on
+    _write(tmp_path / "job.py", f"""
+        import os, time
+        i = int(os.environ["REMOTE_TPU_HOST_INDEX"])
+        for turn in (1 - i, 3 - i, 5 - i):          # host 1 first
+            time.sleep(max(0, {start} + 0.5 * turn - time.time()))
+            print(f"turn {{turn}} by host {{i}}", flush=True)
+        time.sleep(max(0, {start} + 5 - time.time()))
+        print(f"late {{i}}", flush=True)
+    """)
+    done = _cli(slice_, "run", "--no-jax", "--detach", str(tmp_path / "job.py"))
+    job_id = done.stdout.split()[1]
+    handle = remote_tpu.attach(job_id, hosts=slice_.addresses[0], token=slice_.token)
+    assert wait_until(lambda: "turn 5" in handle.logs(host=0), timeout=60)
+    time.sleep(0.8)                  # between the turns and the late lines
+    cut = datetime.datetime.now().isoformat()
+    _cli(slice_, "jobs", "result", job_id)
+    done = _cli(slice_, "jobs", "logs", "--host", "all", job_id)
+    assert done.stdout.splitlines()[:6] == [
+        f"[host {t % 2 == 0 and 1 or 0}] turn {t} by host {t % 2 == 0 and 1 or 0}"
+        for t in range(6)], done.stdout
+    done = _cli(slice_, "jobs", "logs", "--host", "all", "--since", cut, job_id)
+    assert sorted(done.stdout.splitlines()) == ["[host 0] late 0", "[host 1] late 1"], \
+        done.stdout
+    done = _cli(slice_, "jobs", "logs", "--since", cut, job_id)          # one host's
+    assert done.stdout == "late 0\n", done.stdout
+    done = _cli(slice_, "jobs", "logs", "--host", "all", "--since", "1d", job_id)
+    assert len(done.stdout.splitlines()) == 8, done.stdout
+    done = _cli(slice_, "jobs", "logs", "--since", "yesterday-ish", job_id)
+    assert done.returncode == 2 and "is not a time: give a duration ago" in done.stderr
 
 
 @pytest.mark.slow

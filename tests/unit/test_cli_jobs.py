@@ -32,3 +32,22 @@ def test_a_queued_job_says_where_it_stands(fields, shown):
 def test_other_jobs_show_their_detail():
     assert job_detail(_listed(phase=pb.JOB_PHASE_FAILED, detail="host 1: ValueError")) == \
         "host 1: ValueError"
+
+
+def test_since_takes_a_duration_ago_or_a_local_time():
+    import argparse
+    import datetime
+
+    from remote_tpu._cli_jobs import since_time
+
+    now = datetime.datetime(2026, 11, 27, 14, 30, 0).timestamp()
+    assert since_time("90s", now) == now - 90
+    assert since_time("10m", now) == now - 600
+    assert since_time("1.5h", now) == now - 5400
+    assert since_time("1d", now) == now - 86400
+    assert since_time("14:05", now) == datetime.datetime(2026, 11, 27, 14, 5).timestamp()
+    assert since_time("2026-11-26 23:59:30", now) == \
+        datetime.datetime(2026, 11, 26, 23, 59, 30).timestamp()
+    for bad in ("", "soon", "10x", "-5m", "25:99"):
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a time: give a duration"):
+            since_time(bad, now)

@@ -12,6 +12,7 @@ import pytest
 from remote_tpu._core.exceptions import ConfigurationError
 from remote_tpu._core.limits import DETAIL_CHARS
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu_agent.jobs import host_log
 from remote_tpu_agent.jobs.host_log import HostLog
 from remote_tpu_agent.jobs.store import JobStore
 
@@ -22,6 +23,14 @@ pytestmark = pytest.mark.timeout(60)
 OUT = pb.OUTPUT_STREAM_STDOUT
 ERR = pb.OUTPUT_STREAM_STDERR
 FRAME = 5                    # a log record's header: stream (1 byte), length (4 bytes)
+
+
+@pytest.fixture(autouse=True)
+def no_time_marks(request, monkeypatch):
+    """Logs without time marks (host_log.TIME_MARK), so that the framing tests
+    can count bytes; the tests of the marks turn them on themselves."""
+    if "marks" not in request.node.name:
+        monkeypatch.setattr(host_log, "MARK_SECONDS", float("inf"))
 
 
 @pytest.fixture
@@ -761,3 +770,37 @@ def test_a_live_follower_reads_the_newest_records_without_the_files(tmp_path):
     assert host_log.read(0) == []                    # older than the memory: the files
     host_log.close()
     assert host_log.read(middle) == []
+
+
+def test_time_marks_date_the_output_and_readers_skip_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(host_log, "MARK_SECONDS", 0.0)      # every append marked
+    log = HostLog(str(tmp_path / "host-0.log"), max_bytes=1 << 20)
+    before = time.time()
+    for text in (b"one\n", b"two\n"):
+        log.append(OUT, text)
+    records = log.read(0, marks=True)
+    assert [r[0] for r in records] == [host_log.TIME_MARK, OUT, host_log.TIME_MARK, OUT]
+    times = [host_log.time_of(r[1]) for r in records if r[0] == host_log.TIME_MARK]
+    assert before <= times[0] <= times[1] <= time.time()
+    # Without marks: the output alone, at the same offsets; a read that starts
+    # on a mark goes on to what follows it.
+    assert log.read(0) == [r for r in records if r[0] == OUT]
+    assert log.read(records[1][2], limit=FRAME + 8) == [records[3]]
+    log.close()
+
+
+def test_time_marks_never_go_back_and_come_at_most_every_mark_seconds(tmp_path, monkeypatch):
+    monkeypatch.setattr(host_log, "MARK_SECONDS", 3600.0)
+    log = HostLog(str(tmp_path / "host-0.log"), max_bytes=1 << 20)
+    for _ in range(100):
+        log.append(OUT, b"x")
+    marks = [r for r in log.read(0, marks=True) if r[0] == host_log.TIME_MARK]
+    assert len(marks) == 1                             # the first output's
+    monkeypatch.setattr(host_log, "MARK_SECONDS", 0.0)
+    monkeypatch.setattr(host_log.time, "time", lambda: 1.0)      # a clock set back:
+    log.append(OUT, b"y")                          # dated by the last mark, none new
+    records = log.read(0, marks=True)
+    assert [r[0] for r in records].count(host_log.TIME_MARK) == 1
+    assert records[-1][1] == b"y"
+    log.close()
+

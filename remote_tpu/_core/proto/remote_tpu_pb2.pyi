@@ -286,16 +286,20 @@ class JobStatus(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ..., queued_behind: _Optional[str] = ..., queue_position: _Optional[int] = ..., existed: _Optional[bool] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., warm_until: _Optional[float] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., num_slices: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("job_id", "hosts", "offsets", "follow")
+    __slots__ = ("job_id", "hosts", "offsets", "follow", "merged", "since")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    MERGED_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     hosts: _containers.RepeatedScalarFieldContainer[int]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     follow: bool
-    def __init__(self, job_id: _Optional[str] = ..., hosts: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., follow: _Optional[bool] = ...) -> None: ...
+    merged: bool
+    since: float
+    def __init__(self, job_id: _Optional[str] = ..., hosts: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., follow: _Optional[bool] = ..., merged: _Optional[bool] = ..., since: _Optional[float] = ...) -> None: ...
 
 class HostStacks(_message.Message):
     __slots__ = ("host", "text")
@@ -535,14 +539,16 @@ class RunRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[JobSpec, _Mapping]] = ..., payload_chunk: _Optional[bytes] = ..., control: _Optional[_Union[Control, str]] = ..., next_call: _Optional[_Union[JobSpec, _Mapping]] = ...) -> None: ...
 
 class Output(_message.Message):
-    __slots__ = ("stream", "data", "offset")
+    __slots__ = ("stream", "data", "offset", "time")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
     stream: OutputStream
     data: bytes
     offset: int
-    def __init__(self, stream: _Optional[_Union[OutputStream, str]] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ...) -> None: ...
+    time: float
+    def __init__(self, stream: _Optional[_Union[OutputStream, str]] = ..., data: _Optional[bytes] = ..., offset: _Optional[int] = ..., time: _Optional[float] = ...) -> None: ...
 
 class RemoteException(_message.Message):
     __slots__ = ("type_name", "message", "traceback", "pickled")
