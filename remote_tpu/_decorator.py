@@ -157,6 +157,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         num_slices: int | None = None,
         profile: bool | float = False,
         all_results: bool | None = None,
+        compilation_cache: str | bool | None = None,
         name: str | None = None,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
@@ -246,6 +247,12 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         (``REMOTE_TPU_ALL_RESULTS``). Each value but process 0's may be up to
         64 MiB pickled; a larger one fails its process with a message that
         says so.
+    compilation_cache: where JAX's persistent compilation cache is, on every
+        host (``REMOTE_TPU_COMPILATION_CACHE``): by default a directory of the
+        agent's own, bounded (``remote-tpu-agent --compilation-cache-bytes``),
+        so that a cold call's compilations are paid once; a ``gs://`` prefix
+        (shared by every host and slice; the hosts' jax must be able to write
+        it) or an absolute path on the hosts instead; False: off.
     name: the job's name: its job ids are ``NAME-`` and 12 hex digits, new for
         each call (default: the function's name). Letters, digits, ``_``,
         ``.`` and ``-``, at most 40.

@@ -286,6 +286,33 @@ def all_results(value: bool | None, get: Get) -> bool:
     return value
 
 
+def compilation_cache(value: str | bool | os.PathLike | None, get: Get) -> str:
+    """None: "" (the agent's own); False: "off"; a gs:// URI or an absolute
+    path on the hosts, as it is."""
+    if value is None or value is True:
+        return ""
+    if value is False:
+        return "off"
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str) and value.strip():
+        where = value.strip()
+        if where.startswith("gs://") and len(where) > len("gs://"):
+            return where
+        if os.path.isabs(where) and where != "off":
+            return where
+    raise ConfigurationError(
+        f"compilation_cache= must be a gs://bucket/prefix, an absolute path on the hosts, "
+        f"False (off) or None (the agent's own directory), got {value!r}")
+
+
+def compilation_cache_text(text: str) -> str | bool:
+    """The variable's or flag's text: "off" (or 0, false, no) for off."""
+    if text.strip().lower() in ("off", "0", "false", "no"):
+        return False
+    return text
+
+
 def flag_text(text: str) -> bool:
     """A true/false environment variable's text."""
     lowered = text.strip().lower()

@@ -59,6 +59,7 @@ class RunOptions:
     slices: tuple[Hosts, ...] = ()    # num_slices > 1, not local: each slice's hosts
     profile: float = 0.0              # seconds of jax.profiler trace (inf: the call); 0 = off
     all_results: bool = False         # every process's value, a list in process order
+    compilation_cache: str = ""       # "" = the agent's own, "off", or gs://... / a host path
     name: str = ""                    # the start of its job ids; "" = the function's name
     keep_going: bool = False          # no fail-fast (`remote-tpu exec`)
 
@@ -303,6 +304,14 @@ OPTIONS: tuple[Option, ...] = (
            "0's (each other process's up to 64 MiB pickled)",
            env="REMOTE_TPU_ALL_RESULTS", env_parse=check.flag_text, means="False",
            spec=_same("all_results", "all_results")),
+    Option("compilation_cache", "str | bool | None", None, check.compilation_cache,
+           "JAX's persistent compilation cache on every host: a gs:// prefix or a path on "
+           "the hosts, or False (off)",
+           env="REMOTE_TPU_COMPILATION_CACHE", env_parse=check.compilation_cache_text,
+           means="the agent's own bounded directory (remote-tpu-agent "
+                 "--compilation-cache-bytes)",
+           spec=_same("compilation_cache", "compilation_cache"),
+           flag=Flag(metavar="gs://...|PATH|off", parse=check.compilation_cache_text)),
     Option("name", "str | None", None, check.name,
            "the job's name, the start of its job id",
            means="the function's name",

@@ -57,6 +57,7 @@ def shaping(spec: pb.JobSpec) -> dict[str, object]:
         "init_jax": not spec.skip_jax_init,
         "client versions": (v.python, v.cloudpickle, v.remote_tpu),
         "requirements": tuple(spec.requirements),
+        "compilation_cache": spec.compilation_cache,     # (read as jax is imported)
     }
 
 

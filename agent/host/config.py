@@ -41,6 +41,7 @@ class AgentConfig:
     spare_workers: int = 1              # started ahead of their job (see worker.spares)
     light_spares: bool = False          # ... never with jax imported
     cache_bytes: int = 8 << 30          # the argument cache (see host.blobs)
+    compilation_cache_bytes: int = 10 << 30   # JAX's persistent cache; 0 = none (worker.environment)
     cache_dir: str = ""                 # "" = /dev/shm where there is one, else state_dir
     data_port: int = 0                  # bulk bytes (see wire.data_port): 0 = any free, -1 = none
     output_interval: float = 30.0       # seconds between uploads of output_dir= files

@@ -114,6 +114,11 @@ def _serve_parser() -> argparse.ArgumentParser:
                    help="the argument cache: large buffers of earlier calls kept for the "
                         "next, by content, least recently used out first; 0 = none "
                         "(default 8 GiB; emptied when the agent starts and stops)")
+    p.add_argument("--compilation-cache-bytes", type=_size_arg, default=10 << 30,
+                   help="JAX's persistent compilation cache for every job's workers, in "
+                        "STATE_DIR/compilation-cache, least recently used out first; 0 = "
+                        "none (default 10G; suffixes K, M, G; a call's "
+                        "compilation_cache= may name another place or turn it off)")
     p.add_argument("--output-interval", type=float, default=30.0,
                    help="seconds between uploads of a running job's output_dir= files to "
                         "GCS (also uploaded as each process ends; default 30)")
@@ -378,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         max_log_bytes=args.max_log_bytes, max_store_bytes=args.max_store_bytes,
         spare_workers=args.spare_workers, light_spares=args.light_spares,
         cache_bytes=args.cache_bytes,
+        compilation_cache_bytes=args.compilation_cache_bytes,
         cache_dir=args.cache_dir, data_port=args.data_port, output_interval=args.output_interval,
         pythons=tuple(args.python), python_downloads=not args.no_python_downloads)
     try:

@@ -31,8 +31,9 @@ from remote_tpu_agent.peer.role import PeerRole
 from remote_tpu_agent.server.slice_queries import SliceQueries
 from remote_tpu_agent.wire.data_port import DataPort
 from remote_tpu_agent.wire.discovery import MetadataServer, advertise_address
-from remote_tpu_agent.worker.environment import (child_environment, num_processes, num_slices,
-                                                 spare_env, worker_env)
+from remote_tpu_agent.worker.environment import (child_environment, compilation_cache_env,
+                                                 num_processes, num_slices, spare_env,
+                                                 worker_env)
 from remote_tpu_agent.worker.spares import Spares
 
 
@@ -53,7 +54,9 @@ class AgentParts:
         uploads = Uploads(self.state_dir, lambda: self.endpoint, self.store.full_message)
         self.tpu = TpuGuard.for_agent(config.simulate_devices, config.tpu_lockfile,
                                       config.tpu_devices, config.kill_tpu_holders)
-        self._worker_base_env = child_environment(os.environ, config.pass_env)
+        self._worker_base_env = {
+            **compilation_cache_env(self.state_dir, config.compilation_cache_bytes),
+            **child_environment(os.environ, config.pass_env)}     # (the agent's own first)
         self.spares = Spares(spare_env(self._worker_base_env, config.simulate_devices),
                              self.state_dir, config.spare_workers, config.light_spares)
         self.blobs = BlobCache(cache_dir(config.cache_dir, self.state_dir),

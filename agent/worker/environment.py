@@ -33,6 +33,7 @@ A one-host slice keeps ``localhost`` addresses, as JAX's harness sets them.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
@@ -81,6 +82,33 @@ def child_environment(base: Mapping[str, str], extra: frozenset[str] = frozenset
                 or (installer and (name in _INSTALLER_NAMES
                                    or name.startswith(_INSTALLER_PREFIXES))))
     return {k: v for k, v in base.items() if passed(k) and not k.startswith(_NEVER_PREFIX)}
+
+
+# JAX's persistent compilation cache (read by jax as it is imported: a spare has
+# it, and a call that names another place, or none, gets a new worker).
+CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"
+CACHE_MAX = "JAX_COMPILATION_CACHE_MAX_SIZE"
+CACHE_ON = "JAX_ENABLE_COMPILATION_CACHE"
+
+
+def compilation_cache_env(state_dir: str, max_bytes: int) -> dict[str, str]:
+    """Every worker's default: a bounded directory of the agent's own (least
+    recently used entries out first: jax's own eviction), or none."""
+    if max_bytes <= 0:
+        return {}
+    path = os.path.join(state_dir, "compilation-cache")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return {CACHE_DIR: path, CACHE_MAX: str(max_bytes)}
+
+
+def _compilation_cache(env: dict[str, str], where: str) -> None:
+    """A call's ``compilation_cache=``: "" the agent's default, "off", or a
+    place of its own (a gs:// URI or a path on the hosts, not bounded by us)."""
+    if where == "off":
+        env[CACHE_ON] = "false"
+    elif where:
+        env[CACHE_DIR] = where
+        env.pop(CACHE_MAX, None)
 
 
 def spare_env(base: Mapping[str, str], simulate_devices: int) -> dict[str, str]:
@@ -296,6 +324,7 @@ def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
         env.update(_multislice_env(spec, process_id, coordinator))
     env["REMOTE_TPU_PROFILE"] = repr(spec.profile_seconds)    # always: "0.0" = off
     env[_worker.ENV_ALL_RESULTS] = "1" if spec.all_results else "0"   # always (a warm worker)
+    _compilation_cache(env, spec.compilation_cache)
     # retries=: which attempt (the gateway's own count, or the client's in
     # spec.env); always set, so a warm worker never keeps an earlier job's.
     if spec.HasField("retries") or "REMOTE_TPU_ATTEMPT" not in spec.env:

@@ -74,6 +74,7 @@ SAMPLES = {
     "num_slices": (["--num-slices", "2"], 2),
     "profile": (["--profile", "call"], True),
     "name": (["--name", "nightly"], "nightly"),
+    "compilation_cache": (["--compilation-cache", "off"], False),
 }
 
 

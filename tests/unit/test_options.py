@@ -151,6 +151,7 @@ BAD_VARIABLES = [
     ("REMOTE_TPU_RETRIES", "many", "not a whole number"),
     ("REMOTE_TPU_NUM_SLICES", "0", "from 1 to 64"),
     ("REMOTE_TPU_ALL_RESULTS", "maybe", "is not true or false: use 1 or 0"),
+    ("REMOTE_TPU_COMPILATION_CACHE", "cache", "compilation_cache= must be a gs://bucket"),
 ]
 
 
@@ -263,3 +264,15 @@ def test_the_page_generator_writes_and_checks(tmp_path):
     page.write_text(page.read_text() + "edited by hand\n")
     stale = run_python(run.format([f"--output={page}", "--check"]))
     assert stale.returncode == 1 and "python -m remote_tpu._options_doc" in stale.stderr
+
+
+def test_compilation_cache_names_what_it_takes(monkeypatch):
+    on = lambda **kw: remote_tpu.run(accelerator="tpu-v4-8", **kw)(print).options  # noqa: E731
+    assert on().compilation_cache == ""
+    assert on(compilation_cache=False).compilation_cache == "off"
+    assert on(compilation_cache="gs://b/jax-cache").compilation_cache == "gs://b/jax-cache"
+    monkeypatch.setenv("REMOTE_TPU_COMPILATION_CACHE", "off")
+    assert on().compilation_cache == "off"
+    for bad in ("relative/dir", "gs://", 3, ""):
+        with pytest.raises(remote_tpu.ConfigurationError, match="compilation_cache= must be"):
+            on(compilation_cache=bad)
