@@ -15,7 +15,7 @@ from ._core.multislice import MEGASCALE_PORT
 from ._core.exceptions import RemoteTPUError
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.topology import Topology
-from ._core.versions import differences
+from ._core.versions import differences, slice_skew
 from ._target import resolve_target
 
 
@@ -73,13 +73,15 @@ def doctor(hosts: str | Sequence[str] | None, token: str | None = None,
 
 def _rows(target, reply, prefix: str = "") -> tuple[list[list[str]], list[str]]:
     if isinstance(reply, RemoteTPUError):
-        return [[f"{prefix}?", target.gateway, "NO", "", "", "", "", "", str(reply)]], \
+        return [[f"{prefix}?", target.gateway, "NO", "", "", "", "", "", "", "",
+             str(reply)]], \
             [str(reply)]
     rows, problems = [], []
     accelerators = set()
     for h in reply.hosts:
         if h.error:
-            rows.append([f"{prefix}{h.host}", h.address, "NO", "", "", "", "", "", h.error])
+            rows.append([f"{prefix}{h.host}", h.address, "NO", "", "", "", "", "", "", "",
+                         h.error])
             problems.append(f"host {h.host} ({h.address}): {h.error}")
             continue
         v = h.health.versions
@@ -90,8 +92,13 @@ def _rows(target, reply, prefix: str = "") -> tuple[list[list[str]], list[str]]:
             accelerators.add(h.health.accelerator)
         lock = "busy" if h.health.tpu_busy else "free"
         rows.append([f"{prefix}{h.host}", h.address, "yes", v.remote_tpu, v.python, v.jax or "-",
-                     h.health.accelerator or "-", lock, "; ".join(notes) or "ok"])
+                     v.jaxlib or "-", v.libtpu or "-", h.health.accelerator or "-", lock,
+                     "; ".join(notes) or "ok"])
         problems += [f"host {h.host}: {n}" for n in notes]
+    skew = slice_skew({f"host {h.host}": h.health.versions for h in reply.hosts if not h.error})
+    if skew:
+        problems.append("the hosts run different versions (a job on them is refused until "
+                        "they match): " + "; ".join(skew))
     if len(accelerators) > 1:
         problems.append(f"hosts disagree on the accelerator: {', '.join(sorted(accelerators))}")
     elif accelerators:
@@ -103,8 +110,8 @@ def _rows(target, reply, prefix: str = "") -> tuple[list[list[str]], list[str]]:
 
 
 def format_table(rows: list[list[str]]) -> str:
-    header = ["HOST", "ADDRESS", "REACHABLE", "REMOTE_TPU", "PYTHON", "JAX", "ACCELERATOR",
-              "TPU", "NOTES"]
+    header = ["HOST", "ADDRESS", "REACHABLE", "REMOTE_TPU", "PYTHON", "JAX", "JAXLIB",
+              "LIBTPU", "ACCELERATOR", "TPU", "NOTES"]
     table = [header, *rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in table]

@@ -102,10 +102,12 @@ def raise_for_end(end: pb.JobEnd, *, accelerator: str, job_id: str,
             f"could not be rebuilt here; its traceback is below). Final state of each "
             f"host:\n{hosts}",
             type_name=info.type_name, remote_traceback=info.traceback, host=h) from cause
-    also = f" The agent adds: {end.detail}." if end.detail else ""
+    also = f" The agent adds: {end.detail}. " if end.detail else " "
+    if "\n" in end.detail:                 # (a table: on lines of its own)
+        also = f"\nThe agent adds: {end.detail.rstrip()}\n"
     raise JobFailedError(
         f"{name} of {n} ({where}) {root.detail or HOST_STATE_WORDS.get(root.state, 'failed')}."
-        f"{also} Final state of each host:\n{hosts}\nLast output of {name}:\n"
+        f"{also}Final state of each host:\n{hosts}\nLast output of {name}:\n"
         f"{_last_lines(root)}", host=h, hosts=end.hosts)
 
 

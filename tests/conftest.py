@@ -200,8 +200,10 @@ class Agents:
     """Real `remote-tpu-agent` daemons on loopback, as a user would start them."""
 
     def __init__(self, n: int, devices: int = 2, peers: bool = True,
-                 tokens: list[str] | None = None, extra: list[str] | None = None) -> None:
+                 tokens: list[str] | None = None, extra: list[str] | None = None,
+                 envs: list[dict[str, str]] | None = None) -> None:
         self.tokens = tokens or [new_token()] * n
+        self.envs = envs or [{}] * n             # each agent's own variables, besides
         self.token = self.tokens[0]
         # Every agent's gRPC and data ports chosen at once: an agent left to
         # pick its data port itself could take one chosen here for another.
@@ -231,7 +233,8 @@ class Agents:
     def _spawn(self, i: int) -> subprocess.Popen:
         with open(self.logs[i], "ab") as log:
             return subprocess.Popen(self.cmds[i], stdout=subprocess.PIPE, stderr=log, text=True,
-                                    env={**os.environ, TOKEN_ENV: self.tokens[i]})
+                                    env={**os.environ, **self.envs[i],
+                                         TOKEN_ENV: self.tokens[i]})
 
     def _await(self, i: int) -> None:
         line = self.procs[i].stdout.readline()

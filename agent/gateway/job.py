@@ -117,6 +117,7 @@ class GatewayJob:
                              ending_of=self._ending, job_dir=job_dir)
         self._interrupt_timer: threading.Timer | None = None
         self.permanent = False            # a peer refused us for good (gateway.preflight)
+        self._skew = ""                   # the hosts' versions, where they differ
         self._emit_warm = ParkedWakes(self.events, self.n)    # a warm call's events
 
     @property
@@ -188,8 +189,9 @@ class GatewayJob:
             if refused:
                 yield pb.Event(host=0, end=pb.JobEnd(
                     state=pb.JOB_STATE_FAILED, root_cause_host=refused[0].host,
-                    hosts=self.end.reports, detail="nothing was started on any host",
-                    permanent=self.permanent))
+                    hosts=self.end.reports, permanent=self.permanent,
+                    detail="nothing was started on any host"
+                           + (f"; {self._skew}" if self._skew else "")))
                 return
             yield from self._run()
         finally:
@@ -228,8 +230,8 @@ class GatewayJob:
         started: a peer gone since fails its call, and so the session.)"""
         if self.reuse is not None:
             return []
-        refused, self.permanent = preflight(self.remotes, self.end.reports, self.tpu,
-                                            self._silent, self._blob_problems)
+        refused, self.permanent, self._skew = preflight(
+            self.remotes, self.end.reports, self.tpu, self._silent, self._blob_problems)
         return refused
 
     def _ending(self, item: object) -> tuple[int, str] | None:

@@ -21,7 +21,7 @@ from remote_tpu._core.channels import (Credentials, error_from_rpc, forget_if_un
                                        health, stub)
 from remote_tpu._core.limits import INLINE_BYTES, OTHER_VALUE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu._core.versions import differences
+from remote_tpu._core.versions import differences, local_versions, slice_skew
 
 from remote_tpu_agent.wire import peer_link as _peer_link
 from remote_tpu_agent.wire.grpc_call import GrpcCall, PeerChannel, call_requests
@@ -62,6 +62,7 @@ class RemoteHost:
         self._lane: GatewayLane | None = None     # the session's calls, once opened
         self._on_lane = False                     # a call sent on it has not ended
         self._silent = False                      # its link did not answer the preflight
+        self.versions: pb.Versions | None = None  # its agent's, once it answered a preflight
         self._value: bytearray | None = None      # all_results=: its pickled value
         self._value_size = 0
         self._value_short = False                 # (more came than it announced)
@@ -111,8 +112,11 @@ class RemoteHost:
         return verdict
 
     def _verdict(self, reply: pb.HealthReply) -> tuple[str, bool]:
+        self.versions = reply.versions
         problems = differences(reply.versions, there=f"on the agent at {self.address}",
                                here="on the gateway")
+        problems += slice_skew({f"the agent at {self.address}": reply.versions,
+                                "the gateway": local_versions()})
         if problems:
             return (f"agent at {self.address} cannot work with the gateway: "
                     + "; ".join(problems)), True

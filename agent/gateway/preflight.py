@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
+from remote_tpu._core.versions import local_versions, skew_table, slice_skew
 
 from remote_tpu_agent.gateway.peer_process import RemoteHost, preflight_all
 from remote_tpu_agent.host.tpu import TpuBusy, TpuGuard
@@ -15,11 +16,12 @@ from remote_tpu_agent.host.tpu import TpuBusy, TpuGuard
 
 def preflight(remotes: Sequence[RemoteHost], reports: list[pb.HostReport],
               tpu: TpuGuard | None, silent: set[str], blob_problems: dict[str, str]
-              ) -> tuple[list[pb.HostReport], bool]:
+              ) -> tuple[list[pb.HostReport], bool, str]:
     """The hosts that refuse the job (their ``reports`` set, the others' saying
-    why they did not start), and whether asking again cannot help. ``silent``:
-    peer agents that did not even answer; ``blob_problems``: why a peer agent
-    lacks the job's buffers."""
+    why they did not start), whether asking again cannot help, and where the
+    hosts' versions differ, every host's versions (else ""). ``silent``: peer
+    agents that did not even answer; ``blob_problems``: why a peer agent lacks
+    the job's buffers."""
     # One check per peer agent, whatever its processes; none of a silent one.
     first = {r.address: r for r in remotes if r.address not in silent}
     by_agent = dict(zip(first, preflight_all(list(first.values()))))
@@ -42,4 +44,16 @@ def preflight(remotes: Sequence[RemoteHost], reports: list[pb.HostReport],
     for report in reports:
         if report.state == pb.HOST_STATE_PENDING and refused:
             report.detail = "not started: another host refused the job"
-    return refused, permanent
+    return refused, permanent, _versions(list(first.values()))
+
+
+def _versions(remotes: Sequence[RemoteHost]) -> str:
+    """Every host's versions where they differ (one line per agent)."""
+    hosts = {"host 0 (the gateway)": local_versions()}
+    hosts.update({f"host {r.host} ({r.address})": r.versions for r in remotes
+                  if r.versions is not None})
+    if not slice_skew(hosts):
+        return ""
+    return ("the hosts run different versions (every host of a slice must run the same "
+            "remote_tpu, Python, jax, jaxlib and libtpu releases: install the same ones on "
+            "each; `remote-tpu doctor` shows them):\n" + skew_table(hosts))

@@ -23,17 +23,22 @@ __version__ = "0.1.0"
 
 # Bump on any wire change an older peer could misread.
 PROTOCOL_VERSION = 8
-_FIELDS = ("protocol", "remote_tpu", "python", "cloudpickle", "jax")
+_FIELDS = ("protocol", "remote_tpu", "python", "cloudpickle", "jax", "jaxlib", "libtpu")
+# What every host of a slice must run alike (JAX's maintainers' first question on
+# a multi-host bug); Python by its minor version.
+SLICE_FIELDS = ("remote_tpu", "python", "jax", "jaxlib", "libtpu")
 
 
-def _dist_version(name: str) -> str:
+def _dist_version(name: str, absent_is_likely: bool = False) -> str:
     """The installed distribution's version, as ``importlib.metadata.version``
     says it, without importing ``importlib.metadata`` where it can (that alone
     took 30-50 ms of the start of every agent and light spare, and its lookup
     ~4 ms more). Like it, the first ``sys.path`` entry that holds the name's
     metadata answers: read here when that is one ``.dist-info`` directory;
     anything else (an ``.egg-info``, an ``.egg``, a zip file, two candidates in
-    one directory, none anywhere) is left to ``importlib.metadata`` itself."""
+    one directory, none anywhere) is left to ``importlib.metadata`` itself:
+    but for ``absent_is_likely`` (libtpu off a TPU VM), none anywhere is "",
+    without that import's 30-50 ms."""
     wanted = _normalised(name)
     for entry in sys.path:
         where = os.fspath(entry) or "."
@@ -49,6 +54,8 @@ def _dist_version(name: str) -> str:
             return _metadata_version(os.path.join(where, found[0], "METADATA"))
         if found:
             return _importlib_version(name)
+    if absent_is_likely:
+        return ""
     return _importlib_version(name)         # (a finder of distributions of its own, say)
 
 
@@ -89,6 +96,9 @@ def local_versions() -> dict[str, str | int]:
         "python": platform.python_version(),
         "cloudpickle": _dist_version("cloudpickle"),
         "jax": _dist_version("jax"),
+        "jaxlib": _dist_version("jaxlib", absent_is_likely=True),
+        "libtpu": (_dist_version("libtpu", absent_is_likely=True)
+                   or _dist_version("libtpu-nightly", absent_is_likely=True)),
     }
 
 
@@ -99,7 +109,7 @@ def versions_pb() -> pb.Versions:
     v = local_versions()
     return pb.Versions(protocol=int(v["protocol"]), remote_tpu=str(v["remote_tpu"]),
                        python=str(v["python"]), cloudpickle=str(v["cloudpickle"]),
-                       jax=str(v["jax"]))
+                       jax=str(v["jax"]), jaxlib=str(v["jaxlib"]), libtpu=str(v["libtpu"]))
 
 
 def differences(theirs: Mapping[str, Any] | pb.Versions, *, releases: bool = False,
@@ -126,7 +136,7 @@ def differences(theirs: Mapping[str, Any] | pb.Versions, *, releases: bool = Fal
     if a["cloudpickle"] != b["cloudpickle"]:
         problems.append(f"cloudpickle {a['cloudpickle']} {there}, {b['cloudpickle']} {here}")
     if releases:
-        for name in ("remote_tpu", "jax"):
+        for name in ("remote_tpu", "jax", "jaxlib", "libtpu"):
             if b[name] and a[name] != b[name]:
                 problems.append(f"{name} {a[name]} {there}, {b[name]} {here}")
     return problems
@@ -144,3 +154,35 @@ def check_compatible(theirs: Mapping[str, Any] | pb.Versions, *, sender: str,
             f"{sender} cannot work with {receiver}: " + "; ".join(problems)
             + ". Install the same remote_tpu release, Python minor version and cloudpickle "
             "release on the client and on every host.")
+
+
+def _as_dict(v: Mapping[str, Any] | pb.Versions) -> dict[str, str]:
+    if not isinstance(v, Mapping):
+        v = {f: getattr(v, f) for f in _FIELDS}
+    return {f: str(v.get(f, "") or "") for f in _FIELDS}
+
+
+def _alike(field: str, value: str) -> str:
+    return ".".join(value.split(".")[:2]) if field == "python" else value
+
+
+def slice_skew(hosts: Mapping[str, Mapping[str, Any] | pb.Versions]) -> list[str]:
+    """Which of ``SLICE_FIELDS`` differ between these hosts (by name), each
+    said with every host's value: empty when they all match."""
+    rows = {name: _as_dict(v) for name, v in hosts.items()}
+    said = []
+    for field in SLICE_FIELDS:
+        if len({_alike(field, r[field]) for r in rows.values()}) > 1:
+            values = ", ".join(f"{name} {r[field] or 'none'}" for name, r in rows.items())
+            said.append(f"{field}: {values}")
+    return said
+
+
+def skew_table(hosts: Mapping[str, Mapping[str, Any] | pb.Versions]) -> str:
+    """Every host's versions of ``SLICE_FIELDS``, one line each."""
+    rows = [["HOST", *(f.upper() for f in SLICE_FIELDS)]]
+    rows += [[name, *(_as_dict(v)[f] or "-" for f in SLICE_FIELDS)]
+             for name, v in hosts.items()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+

@@ -232,7 +232,7 @@ def test_doctor_against_a_local_slice():
         assert proc.returncode == 0, proc.stdout + proc.stderr
         lines = proc.stdout.splitlines()
         assert lines[0].split() == ["HOST", "ADDRESS", "REACHABLE", "REMOTE_TPU", "PYTHON",
-                                    "JAX", "ACCELERATOR", "TPU", "NOTES"]
+                                    "JAX", "JAXLIB", "LIBTPU", "ACCELERATOR", "TPU", "NOTES"]
         hosts = env["REMOTE_TPU_HOSTS"].split(",")
         for i, address in enumerate(hosts):
             row = lines[1 + i].split()

@@ -99,3 +99,28 @@ def test_a_worker_and_an_agent_start_without_importing_importlib_metadata():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=50, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_slice_skew_names_each_field_that_differs_with_every_hosts_value():
+    from remote_tpu._core.versions import skew_table, slice_skew
+
+    base = {"remote_tpu": "0.1.0", "python": "3.11.7", "jax": "0.10.2", "jaxlib": "0.10.2",
+            "libtpu": ""}
+    assert slice_skew({"a": base, "b": dict(base)}) == []
+    assert slice_skew({"a": base, "b": {**base, "python": "3.11.9"}}) == []   # minor alike
+    said = slice_skew({"a": base, "b": {**base, "python": "3.10.12", "libtpu": "0.0.21"}})
+    assert said == ["python: a 3.11.7, b 3.10.12", "libtpu: a none, b 0.0.21"], said
+    table = skew_table({"host 0": base, "host 1": {**base, "jax": "0.9.0"}}).splitlines()
+    assert table[0].split() == ["HOST", "REMOTE_TPU", "PYTHON", "JAX", "JAXLIB", "LIBTPU"]
+    assert table[2].split() == ["host", "1", "0.1.0", "3.11.7", "0.9.0", "0.10.2", "-"]
+
+
+def test_local_versions_name_jaxlib_and_libtpu_without_importlib_metadata():
+    import subprocess
+    import sys
+
+    code = ("import sys; from remote_tpu._core import versions as v; d = v.local_versions(); "
+            "print(sorted(d), 'importlib.metadata' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert "'jaxlib'" in out and "'libtpu'" in out and out.strip().endswith("False"), out

@@ -330,18 +330,22 @@ class ListJobsReply(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ..., omitted: _Optional[int] = ...) -> None: ...
 
 class Versions(_message.Message):
-    __slots__ = ("protocol", "remote_tpu", "python", "cloudpickle", "jax")
+    __slots__ = ("protocol", "remote_tpu", "python", "cloudpickle", "jax", "jaxlib", "libtpu")
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     REMOTE_TPU_FIELD_NUMBER: _ClassVar[int]
     PYTHON_FIELD_NUMBER: _ClassVar[int]
     CLOUDPICKLE_FIELD_NUMBER: _ClassVar[int]
     JAX_FIELD_NUMBER: _ClassVar[int]
+    JAXLIB_FIELD_NUMBER: _ClassVar[int]
+    LIBTPU_FIELD_NUMBER: _ClassVar[int]
     protocol: int
     remote_tpu: str
     python: str
     cloudpickle: str
     jax: str
-    def __init__(self, protocol: _Optional[int] = ..., remote_tpu: _Optional[str] = ..., python: _Optional[str] = ..., cloudpickle: _Optional[str] = ..., jax: _Optional[str] = ...) -> None: ...
+    jaxlib: str
+    libtpu: str
+    def __init__(self, protocol: _Optional[int] = ..., remote_tpu: _Optional[str] = ..., python: _Optional[str] = ..., cloudpickle: _Optional[str] = ..., jax: _Optional[str] = ..., jaxlib: _Optional[str] = ..., libtpu: _Optional[str] = ...) -> None: ...
 
 class HealthRequest(_message.Message):
     __slots__ = ()
