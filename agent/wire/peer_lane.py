@@ -128,7 +128,8 @@ class PeerLane:
 class GatewayLane:
     """The gateway's end of one peer's lane: sends calls and cancellations,
     and a reader thread hands each event to ``on_event`` until the lane ends,
-    then calls ``on_end`` once with why ("" when we closed it)."""
+    then calls ``on_end`` once with why ("" when we closed it). A
+    ``wire.grpc_call.PeerChannel``, as a call on the link or on gRPC is."""
 
     def __init__(self, sock: socket.socket, on_event: Callable[[pb.Event], None],
                  on_end: Callable[[str], None], name: str, silence: float) -> None:
@@ -159,16 +160,27 @@ class GatewayLane:
     def _sock(self) -> socket.socket:
         return self._conn.sock
 
-    def send(self, kind: int, body: bytes = b"") -> bool:
-        """Send a frame (``CALL``: a new call; ``CANCEL``: of the last call);
-        False once the lane is gone (the call then goes on gRPC)."""
-        if kind == CALL:
+    def send(self, request: pb.RunRequest) -> bool:
+        """Carry a request of the session's ``Run`` call: its next call
+        (``next_call``, the payload inside: its sender's check) or the
+        cancellation of the call on the lane (``control``); False for any other
+        request, or once the lane is gone (it then goes on the ``Run`` call)."""
+        if request.HasField("next_call"):
             self._call_id = self._conn.new_id()
-        return self._conn.try_send(kind, self._call_id, body)
+            return self._conn.try_send(CALL, self._call_id,
+                                       request.next_call.SerializeToString())
+        if request.control == pb.CONTROL_CANCEL:
+            return self._conn.try_send(CANCEL, self._call_id)
+        return False
 
     def close(self) -> None:
         """End the lane (never waits: a send blocked on a full socket fails)."""
         self._conn.close()
+
+    def cancel(self) -> None:
+        """End the lane: only the lane (the session's ``Run`` call is its
+        lifeline, and ending that ends the peer's worker)."""
+        self.close()
 
     def _read(self) -> None:
         why = ""
