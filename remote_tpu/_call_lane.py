@@ -58,7 +58,8 @@ def opened(gateway: str, credentials, ticket: pb.DataTicket) -> None:
     except (data_wire.Unreachable, OSError):
         return                       # its calls go on gRPC, as before
     try:
-        conn = FrameConnection(sock, (EVENT, END, ERROR), silence=SILENCE_SECONDS)
+        conn = FrameConnection(sock, (EVENT, END, ERROR), silence=SILENCE_SECONDS,
+                               served=False)      # (read by each call's stream)
     except OSError:
         sock.close()
         return

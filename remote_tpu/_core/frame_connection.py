@@ -38,18 +38,20 @@ class FrameConnection:
     kinds this end may receive (any other breaks the connection), ``what``
     names it in reports ("link", "lane"). With ``silence``, the other end
     counts as gone after about that many seconds without a word
-    (``keep_alive``; ``bound_unacked`` as there)."""
+    (``keep_alive``; ``bound_unacked`` as there). ``served``: a reader loop
+    (``serve``) will read it, and close it at its end; else this end reads
+    it frame by frame (``read``), and ``close`` closes it at once."""
 
     def __init__(self, sock: socket.socket, accepts: Collection[int], *, what: str = "lane",
                  silence: float | None = None, bound_unacked: bool = True,
-                 closed_why: str = "") -> None:
+                 closed_why: str = "", served: bool = True) -> None:
         self.sock = sock
         self.what = what
         self._accepts = frozenset(accepts)
         self._closed_why = closed_why or f"the other end closed the {what}"
         self._send_lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._reading = False
+        self._served = served
         self.closed = False          # shut by this end, or over
         self.ours = False            # this end closed it
         self.broken = False          # it ended on an error (not a goodbye, nor ours)
@@ -102,7 +104,6 @@ class FrameConnection:
         then (after ``ending``, told of it first) close it; why it ended, also
         kept as ``why`` (``ours``: this end closed it). What ``handle`` or
         ``ready`` raise of ``data_wire.FRAME_ERRORS`` breaks it."""
-        self._reading = True
         why = ""
         try:
             while ready is None or ready():
@@ -139,6 +140,6 @@ class FrameConnection:
         serves it (under the send lock: no send is under way as it closes)."""
         self.ours = True
         self.shut()
-        if not self._reading:
+        if not self._served:
             with self._send_lock:
                 self.sock.close()
