@@ -8,21 +8,21 @@ to that gateway on it. A lane that cannot take the call (there is none, the
 gateway closed it, it broke) before the call's first event sends the call with
 gRPC instead, under the same job id: the gateway runs a job id once, so nothing
 runs twice. A call the gateway refuses raises what gRPC would have
-(``LaneError``). One call at a time on a lane: a call made while another is on
-it goes on gRPC. A forked child has no lanes (its parent's stay the parent's).
+(``LaneError``). One call at a time on a lane, each under an id of its own
+(``_core.frame_connection``): a call made while another is on it goes on gRPC.
+A forked child has no lanes (its parent's stay the parent's).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from collections.abc import Callable, Iterator
 
 import grpc
 
 from ._core import data_wire
-from ._core.data_wire import read_frame, send_frame
+from ._core.frame_connection import FrameConnection
 from ._core.proto import remote_tpu_pb2 as pb
 
 CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL, data_wire.CANCEL, data_wire.EVENT,
@@ -32,14 +32,14 @@ CALL, CANCEL, EVENT, END, ERROR = (data_wire.CALL, data_wire.CANCEL, data_wire.E
 SILENCE_SECONDS = 10.0
 
 _lock = threading.Lock()
-_lanes: dict[tuple[str, object], tuple[int, socket.socket]] = {}   # idle ones, by pid
+_lanes: dict[tuple[str, object], tuple[int, FrameConnection]] = {}   # idle ones, by pid
 
 
 def _forget_in_child() -> None:
     global _lock
     _lock = threading.Lock()           # (another thread may have held it at the fork)
-    for _, sock in _lanes.values():
-        sock.close()                   # the child's copies; the parent's lanes go on
+    for _, conn in _lanes.values():
+        conn.sock.close()              # the child's copies; the parent's lanes go on
     _lanes.clear()
 
 
@@ -55,31 +55,35 @@ def opened(gateway: str, credentials, ticket: pb.DataTicket) -> None:
         return
     try:
         sock = data_wire.open_lane(gateway, ticket)
-        sock.settimeout(None)
-        data_wire.keep_alive(sock, SILENCE_SECONDS)
     except (data_wire.Unreachable, OSError):
         return                       # its calls go on gRPC, as before
-    _put((gateway, credentials), sock)
+    try:
+        conn = FrameConnection(sock, (EVENT, END, ERROR), silence=SILENCE_SECONDS,
+                               served=False)      # (read by each call's stream)
+    except OSError:
+        sock.close()
+        return
+    _put((gateway, credentials), conn)
 
 
 def close(gateway: str) -> None:
     """Close this process's lanes to ``gateway`` (its warm workers were released)."""
     with _lock:
         gone = [_lanes.pop(key) for key in [k for k in _lanes if k[0] == gateway]]
-    for pid, sock in gone:
+    for pid, conn in gone:
         if pid == os.getpid():
-            sock.close()
+            conn.sock.close()
 
 
-def _put(key, sock: socket.socket) -> None:
+def _put(key, conn: FrameConnection) -> None:
     with _lock:
         old = _lanes.pop(key, None)
-        _lanes[key] = (os.getpid(), sock)
+        _lanes[key] = (os.getpid(), conn)
     if old is not None and old[0] == os.getpid():
-        old[1].close()
+        old[1].sock.close()
 
 
-def _take(key) -> socket.socket | None:
+def _take(key) -> FrameConnection | None:
     with _lock:
         entry = _lanes.pop(key, None)
     if entry is None or entry[0] != os.getpid():      # (a forked child's is its parent's)
@@ -93,16 +97,16 @@ def start(gateway: str, credentials, request: pb.RunRequest,
     to its first event; None when it must go on gRPC instead (no lane, or it
     could not take the call). LaneError: the gateway refused the call."""
     key = (gateway, credentials)
-    sock = _take(key)
-    if sock is None:
+    conn = _take(key)
+    if conn is None:
         return None
-    stream = LaneStream(key, sock)
+    stream = LaneStream(key, conn, conn.new_id())
     try:
-        send_frame(sock, CALL, request.SerializeToString())
+        conn.send(CALL, stream.id, request.SerializeToString())
         on_sent()
         first = stream.next_event()
     except LaneError:
-        _put(key, sock)                # (the lane goes on: the refusal was its answer)
+        _put(key, conn)                # (the lane goes on: the refusal was its answer)
         raise
     except data_wire.FRAME_ERRORS:
         stream.close()
@@ -121,27 +125,27 @@ class LaneStream:
     """A call's events on a lane, read as a gRPC stream's are; ``cancel`` (or a
     stream left unfinished) closes the lane, and the gateway cancels the call."""
 
-    def __init__(self, key, sock: socket.socket) -> None:
+    def __init__(self, key, conn: FrameConnection, call_id: int) -> None:
         self._key = key
-        self._sock = sock
+        self._conn = conn
+        self.id = call_id
         self.first: pb.Event | None = None
         self._over = False
 
     def next_event(self) -> pb.Event | None:
         """The next event; None once the call's events are over."""
-        frame = read_frame(self._sock)
+        frame = self._conn.read()
         if frame is None:
             raise ConnectionError("the gateway closed the lane")
-        kind, body = frame
+        kind, call_id, body = frame
+        if call_id != self.id:
+            raise ConnectionError(f"a frame of call {call_id} on the lane of call {self.id}")
         if kind == EVENT:
             return pb.Event.FromString(body)
+        self._over = True
         if kind == END:
-            self._over = True
             return None
-        if kind == ERROR:
-            self._over = True
-            raise LaneError.from_body(body)
-        raise ConnectionError(f"unknown lane frame kind {kind}")
+        raise LaneError.from_body(body)                 # ERROR
 
     def __iter__(self) -> Iterator[pb.Event]:
         try:
@@ -152,7 +156,7 @@ class LaneStream:
                 yield event
         finally:
             if self._over:
-                _put(self._key, self._sock)         # for the next call
+                _put(self._key, self._conn)         # for the next call
             else:
                 self.close()
 
@@ -172,5 +176,4 @@ class LaneStream:
         """End the lane: the gateway cancels the call on it (a forked child's
         copy of the socket must not keep it open)."""
         self._over = False
-        data_wire.shut(self._sock)
-        self._sock.close()
+        self._conn.close()

@@ -16,10 +16,9 @@ import grpc
 
 from . import _blobs as blobs
 from . import _call_lane as call_lane
-from . import _trees
+from . import _transport, _trees
 from ._core import data_wire
 from ._core.channels import BlobsMissing
-from ._core.limits import INLINE_BYTES
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.serialization import Payload
 from ._core.versions import versions_pb
@@ -32,6 +31,7 @@ from ._render import OutputRenderer
 from ._status import LiveStatus
 from ._core.limits import upload_deadline
 from ._target import Target, resolve_target
+from ._transport import requests as _requests
 
 _client_id = ("", 0)
 
@@ -48,23 +48,6 @@ def client_id() -> str:
 
 def new_job_id(name: str) -> str:
     return f"{job_stem(name)}-{uuid.uuid4().hex[:12]}"
-
-
-def _requests(spec: pb.JobSpec, payload: Payload,
-              status: LiveStatus | None = None) -> Iterator[pb.RunRequest]:
-    if payload.nbytes <= INLINE_BYTES:            # one message: the spec carries it
-        inline = pb.JobSpec()
-        inline.CopyFrom(spec)
-        inline.payload = payload.to_bytes()
-        yield pb.RunRequest(spec=inline)
-        return
-    yield pb.RunRequest(spec=spec)
-    sent, started = 0, time.monotonic()
-    for chunk in payload.chunks():
-        if status is not None:
-            status.uploading(sent, payload.nbytes, started)
-        sent += len(chunk)
-        yield pb.RunRequest(payload_chunk=chunk)
 
 
 def _with_blobs(target: Target, payload: Payload, trees: _trees.Trees,
@@ -251,11 +234,10 @@ def _release_all() -> None:
 
 class _Sending:
     """An attached call on its way to the gateway, up to its first event: on
-    this process's lane to it where there is one, else with ``RunInline`` or
-    ``Run`` (``_start_run``); ``start`` is one attempt (``Target.call`` may
-    make several). ``sent``: whether Ctrl-C cancels the call on the slice:
-    "surely" once it went on the lane, "maybe" while gRPC waits for its first
-    event, "" while it is not there."""
+    the first way (``_transport``) that takes it; ``start`` is one attempt
+    (``Target.call`` may make several). ``sent``: whether Ctrl-C cancels the
+    call on the slice: "surely" once it went on the lane, "maybe" while gRPC
+    waits for its first event, "" while it is not there."""
 
     def __init__(self, status: LiveStatus) -> None:
         self._status = status
@@ -269,28 +251,18 @@ class _Sending:
 
     def start(self, target: Target, lane: bool = True) -> Any:
         try:
-            self.sent = "maybe"
-            if lane and (on_lane := _on_lane(target, self.spec, self.payload,
-                                             self._surely)):
-                return on_lane
-            self.sent = "maybe"
-            return _start_run(target, self.spec, self.payload, self._status)
+            return _transport.start(target, self.spec, self.payload, self._status,
+                                    self._trying, _transport.TRANSPORTS[0 if lane else 1:])
         except Exception:
             self.sent = ""              # (not there: tried again, or given up)
             raise
 
+    def _trying(self, transport: _transport.Transport) -> Callable[[], None]:
+        self.sent = "maybe"
+        return self._surely
+
     def _surely(self) -> None:
         self.sent = "surely"
-
-
-def _on_lane(target: Target, spec: pb.JobSpec, payload: Payload,
-             on_sent: Callable[[], None]):
-    """The call sent on this process's lane to its gateway, up to its first
-    event; None where it goes on gRPC (``_call_lane``)."""
-    if not spec.offer_lane or payload.nbytes > INLINE_BYTES:
-        return None
-    return call_lane.start(target.gateway, target.credentials, next(_requests(spec, payload)),
-                           on_sent)
 
 
 class _LaneOffers:
@@ -311,52 +283,6 @@ class _LaneOffers:
 
     def cancel(self) -> None:
         self._stream.cancel()
-
-
-class _StartedRun:
-    """A Run stream whose first event was read already, handed on with it."""
-
-    def __init__(self, stream: Any, first: pb.Event | None) -> None:
-        self._stream = stream
-        self._first = first
-
-    def __iter__(self) -> Iterator[pb.Event]:
-        if self._first is not None:
-            yield self._first
-        yield from self._stream
-
-    def cancel(self) -> None:
-        self._stream.cancel()
-
-
-# Gateways that do not know RunInline (an older agent): they get Run.
-_without_run_inline: set[str] = set()
-
-
-def _start_run(target: Target, spec: pb.JobSpec, payload: Payload,
-               status: LiveStatus | None = None) -> _StartedRun:
-    """One attempt at Run, up to its first event. ``stub.Run`` only starts the
-    call: a refused connection surfaces when the stream is first read, so that
-    read belongs to the attempt; once an event has arrived, nothing is retried.
-    Each attempt sends the payload from its start. A payload small enough to
-    go inside the spec goes with RunInline, its one request."""
-    stub, metadata = target.stub(), target.credentials.metadata
-    inline = payload.nbytes <= INLINE_BYTES and target.gateway not in _without_run_inline
-    if inline:
-        stream = stub.RunInline(next(_requests(spec, payload)), metadata=metadata)
-    else:
-        stream = stub.Run(_requests(spec, payload, status), metadata=metadata)
-    try:
-        first = next(stream, None)
-    except grpc.RpcError as exc:
-        if not (inline and exc.code() == grpc.StatusCode.UNIMPLEMENTED):
-            raise
-        _without_run_inline.add(target.gateway)
-        return _start_run(target, spec, payload, status)
-    except BaseException:
-        stream.cancel()          # Ctrl-C before the first event: the job stops too
-        raise
-    return _StartedRun(stream, first)
 
 
 def submit(options: RunOptions, payload: Payload, job_id: str) -> JobHandle:

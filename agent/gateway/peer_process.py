@@ -25,7 +25,7 @@ from remote_tpu._core.versions import differences, local_versions, slice_skew
 
 from remote_tpu_agent.wire import peer_link as _peer_link
 from remote_tpu_agent.wire.grpc_call import GrpcCall, PeerChannel, call_requests
-from remote_tpu_agent.wire.peer_lane import CALL, CANCEL, SILENCE_SECONDS, GatewayLane
+from remote_tpu_agent.wire.peer_lane import SILENCE_SECONDS, GatewayLane
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,11 @@ class RemoteHost:
 
     A ``worker.handle.ProcessHandle``, as a ``WorkerRun`` is.
 
-    Why over 200 lines: a cold call goes on the link or on gRPC through one
-    contract (``wire.grpc_call.PeerChannel``), but a warm session's next calls
-    still have a way of their own (the lane) and the preflight two; it
-    shrinks as those become the one framed transport (issue 32 item 2).
+    Why over 200 lines: a call goes on the link, on gRPC or (a warm
+    session's next ones) on the session's lane, all through one contract
+    (``wire.grpc_call.PeerChannel``), but the lane's coming and going while
+    the session's ``Run`` call lives on, and the preflight's two ways, are
+    this class's own.
     """
 
     def __init__(self, *, host: int, address: str, spec: pb.JobSpec, payload: bytes | str,
@@ -175,10 +176,11 @@ class RemoteHost:
             self._control(pb.RunRequest(control=pb.CONTROL_INTERRUPT))
 
     def cancel(self) -> None:
+        request = pb.RunRequest(control=pb.CONTROL_CANCEL)
         lane = self._lane
         if lane is not None:          # the quicker way; gRPC too, should the lane be dead
-            lane.send(CANCEL)
-        self._control(pb.RunRequest(control=pb.CONTROL_CANCEL))
+            lane.send(request)
+        self._control(request)
 
     def _control(self, request: pb.RunRequest | str) -> None:
         """Send a request on the call (kept until it has started)."""
@@ -202,17 +204,16 @@ class RemoteHost:
             self._emit = emit           # (the call keeps its first job's id: the peer
                                         # knows its worker by it, for stacks)
             lane = self._lane
+        requests = call_requests(spec, payload, "next_call")
         if lane is not None and isinstance(payload, bytes) and len(payload) <= INLINE_BYTES:
-            inline = pb.JobSpec()
-            inline.CopyFrom(spec)
-            inline.payload = payload
             with self._lock:
                 self._on_lane = True
-            if lane.send(CALL, inline.SerializeToString()):
+            if lane.send(next(requests)):       # (one request: the payload inside)
                 return True
             with self._lock:
                 self._on_lane = False
-        for request in call_requests(spec, payload, "next_call"):
+            requests = call_requests(spec, payload, "next_call")
+        for request in requests:
             self._control(request)
         return True
 

@@ -13,7 +13,8 @@ handed out on the gRPC call, where the token was checked. On the lane:
 - ``CANCEL``, or the caller closing the connection, cancels the running call,
   as a gRPC caller that goes away does; a lane that breaks under a call
   cancels it unless its caller sends it again on gRPC (``RESEND_SECONDS``);
-- one call at a time;
+- one call at a time, each under an id of the caller's (its frames carry it:
+  ``remote_tpu._core.frame_connection``, every side channel's connection);
 - a lane idle for ``IDLE_SECONDS`` is closed by the gateway;
 - a caller gone (its host, or the network to it) cancels its call: see
   ``SILENCE_SECONDS``.
@@ -37,7 +38,7 @@ import grpc
 
 from remote_tpu._core.channels import ERROR_KIND_KEY
 from remote_tpu._core import data_wire
-from remote_tpu._core.data_wire import read_frame, send_frame
+from remote_tpu._core.frame_connection import FrameConnection
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -172,62 +173,62 @@ class CallLane:
 
     def __init__(self, run: RunCall) -> None:
         self._run = run
-        self._calls: queue.Queue[pb.RunRequest | None] = queue.Queue()
+        self._calls: queue.Queue[tuple[int, pb.RunRequest] | None] = queue.Queue()
         self._current: LaneContext | None = None
         self._pending = 0              # calls sent and not yet over
         self._idle_since = time.monotonic()     # when the last of them was over
         self._gone = False             # the caller went away: no call of it starts
         self._lock = threading.Lock()
+        self._unanswered_since: float | None = None
 
     def serve(self, sock: socket.socket) -> bytes:
-        sock.settimeout(None)
-        data_wire.keep_alive(sock, SILENCE_SECONDS, bound_unacked=False)
-        runner = threading.Thread(target=self._runner, args=(sock,), daemon=True,
+        conn = FrameConnection(sock, (CALL, CANCEL), silence=SILENCE_SECONDS,
+                               bound_unacked=False)
+        runner = threading.Thread(target=self._runner, args=(conn,), daemon=True,
                                   name="call-lane")
         runner.start()
         poll = select.poll()
         poll.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
-        unanswered_since = None
-        broken = False
-        try:
-            while (wait := self._wait()) > 0:
-                if not poll.poll(wait * 1000):
-                    if not self._pending_calls():
-                        continue
-                    if not _unanswered(sock):
-                        unanswered_since = None
-                    elif unanswered_since is None:
-                        unanswered_since = time.monotonic()
-                    elif time.monotonic() - unanswered_since >= UNANSWERED_SECONDS:
-                        log.info("a caller's lane went unanswered for %g s during a call: "
-                                 "taken as broken", UNANSWERED_SECONDS)
-                        broken = True
-                        break
-                    continue
-                frame = read_frame(sock)
-                if frame is None:
-                    break
-                kind, body = frame
-                if kind == CALL:
-                    request = pb.RunRequest.FromString(body)
-                    with self._lock:
-                        self._pending += 1
-                    self._calls.put(request)
-                elif kind == CANCEL:
-                    self._cancel()
-                else:
-                    raise ConnectionError(f"unknown lane frame kind {kind}")
-        except data_wire.FRAME_ERRORS as exc:
-            log.info("a caller's lane broke: %s", exc)
-            broken = True
-        finally:
+
+        def ending() -> None:
+            if conn.broken:
+                log.info("a caller's lane broke: %s", conn.why)
             with self._lock:
                 self._gone = True
             self._calls.put(None)
-            self._cancel(broken)       # a caller that went away: as on gRPC
-            data_wire.shut(sock)
+            self._cancel(conn.broken)      # a caller that went away: as on gRPC
+        try:
+            conn.serve(self._frame, lambda: self._ready(poll, sock), ending)
+        finally:
             runner.join()
         return b""
+
+    def _ready(self, poll: select.poll, sock: socket.socket) -> bool:
+        """Whether the caller's next frame has come (False: the lane is over,
+        idle); between its frames, a call whose output the caller's kernel
+        leaves unanswered for ``UNANSWERED_SECONDS`` breaks it."""
+        while (wait := self._wait()) > 0:
+            if poll.poll(wait * 1000):
+                return True
+            if not self._pending_calls():
+                continue
+            if not _unanswered(sock):
+                self._unanswered_since = None
+            elif self._unanswered_since is None:
+                self._unanswered_since = time.monotonic()
+            elif time.monotonic() - self._unanswered_since >= UNANSWERED_SECONDS:
+                raise ConnectionError(f"it went unanswered for {UNANSWERED_SECONDS:g} s "
+                                      "during a call: taken as broken")
+        return False
+
+    def _frame(self, kind: int, call_id: int, body: bytes) -> None:
+        if kind == CALL:
+            request = pb.RunRequest.FromString(body)
+            with self._lock:
+                self._pending += 1
+            self._calls.put((call_id, request))
+        else:                          # CANCEL
+            self._cancel()
 
     def _wait(self) -> float:
         """How long to wait for the caller's next frame: while a call is on
@@ -253,8 +254,9 @@ class CallLane:
             context.broken = broken
             context.end()
 
-    def _runner(self, sock: socket.socket) -> None:
-        while (request := self._calls.get()) is not None:
+    def _runner(self, conn: FrameConnection) -> None:
+        while (call := self._calls.get()) is not None:
+            call_id, request = call
             context = LaneContext()
             with self._lock:
                 if self._gone:             # sent, then the caller went away
@@ -263,7 +265,7 @@ class CallLane:
                 self._current = context
             try:
                 if not serve_call(self._run(request, context), context,
-                                  lambda kind, body=b"": send_frame(sock, kind, body)):
+                                  lambda kind, body=b"": conn.send(kind, call_id, body)):
                     return               # the caller went away: serve() sees it too
             finally:
                 with self._lock:

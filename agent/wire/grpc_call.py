@@ -1,8 +1,9 @@
 """One call to a peer's agent on gRPC's ``Run`` (``GrpcCall``), driven the way
 a call on the gateway's link to that peer is (``peer_link.LinkCall``): requests
 sent as they come, its events and its end handed to callbacks. The two keep
-one contract, ``PeerChannel``: the one way the gateway's proxy for a process on
-a peer (``gateway.peer_process``) talks to it, whichever carries the call.
+one contract, ``PeerChannel`` (a warm session's lane, ``peer_lane.GatewayLane``,
+too): the one way the gateway's proxy for a process on a peer
+(``gateway.peer_process``) talks to it, whichever carries the call.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ class PeerChannel(Protocol):
     """One call to a peer, on a link or on gRPC: ``send`` a request (False
     once it cannot be sent), ``close`` (no more requests), ``cancel`` (end it:
     the peer stops its worker). Its events and its end (once) go to the
-    callbacks it was opened with."""
+    callbacks it was opened with. A warm session's lane
+    (``peer_lane.GatewayLane``) is one too, beside its ``Run`` call: it
+    carries the session's next calls and their cancellation, and ending it
+    ends only the lane."""
 
     def send(self, request: pb.RunRequest) -> bool: ...
 

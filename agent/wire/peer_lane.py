@@ -24,8 +24,9 @@ session ends. A peer that cannot send an event on the lane sends it on the
 gRPC call instead. Each end's other end counts as gone after
 ``SILENCE_SECONDS`` of silence (``data_wire.keep_alive``).
 
-Frames, both ways: a 4-byte big-endian length, then one byte of kind and the
-body (a serialized protobuf message).
+Frames: numbered, on the one connection kind of every side channel
+(``remote_tpu._core.frame_connection``): each call the gateway sends has an id
+of its own, and its events and cancellation carry it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import threading
 from collections.abc import Callable
 
 from remote_tpu._core import data_wire
-from remote_tpu._core.data_wire import read_frame, send_frame, shut
+from remote_tpu._core.frame_connection import FrameConnection
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,8 @@ class PeerLane:
                  on_cancel: Callable[[], None]) -> None:
         self._on_call = on_call
         self._on_cancel = on_cancel
-        self._sock: socket.socket | None = None
-        self._lock = threading.Lock()            # one frame at a time
+        self._conn: FrameConnection | None = None
+        self._call_id = 0                        # the call now on the lane
         self._closed = False
         self.offered = False
 
@@ -75,74 +76,68 @@ class PeerLane:
 
     @property
     def open(self) -> bool:
-        return self._sock is not None and not self._closed
+        return self._conn is not None and not self._closed
 
     @property
     def ended(self) -> bool:
         """It was open, and is no more."""
-        return self._sock is not None and self._closed
+        return self._conn is not None and self._closed
+
+    @property
+    def _sock(self) -> socket.socket | None:
+        return None if self._conn is None else self._conn.sock
 
     def send(self, event: pb.Event) -> bool:
         """Send one event to the gateway; False once the lane is gone."""
-        sock = self._sock
-        if sock is None or self._closed:
+        conn = self._conn
+        if conn is None or self._closed:
             return False
-        with self._lock:
-            try:
-                send_frame(sock, EVENT, event.SerializeToString())
-                return True
-            except OSError as exc:
-                if not self._closed:
-                    log.warning("lane to the gateway broke: %s", exc)
-                self._closed = True
-                return False
+        if conn.try_send(EVENT, self._call_id, event.SerializeToString()):
+            return True
+        self._closed = True
+        return False
 
     def close(self) -> None:
         """End the lane (never waits: a send blocked on a full socket fails)."""
         self._closed = True
-        sock = self._sock
-        if sock is not None:
-            shut(sock)
+        conn = self._conn
+        if conn is not None:
+            conn.shut()
 
     def _serve(self, sock: socket.socket) -> bytes:
-        sock.settimeout(None)           # idle between calls for as long as the session
-        data_wire.keep_alive(sock, SILENCE_SECONDS)
-        self._sock = sock
-        if self._closed:                # (close() saw no socket yet)
-            shut(sock)
-            return b""
-        try:
-            while (frame := read_frame(sock)) is not None:
-                kind, body = frame
-                if kind == CALL:
-                    self._on_call(pb.JobSpec.FromString(body))
-                elif kind == CANCEL:
-                    self._on_cancel()
-                else:
-                    raise ConnectionError(f"unknown lane frame kind {kind}")
-        except data_wire.FRAME_ERRORS as exc:
-            if not self._closed:
-                log.warning("lane from the gateway ended: %s", exc)
-        finally:
-            self.close()
+        # (idle between calls for as long as the session)
+        conn = FrameConnection(sock, (CALL, CANCEL), silence=SILENCE_SECONDS)
+        self._conn = conn
+        if self._closed:                # (close() saw no connection yet)
+            conn.shut()
+        conn.serve(self._frame)
+        if conn.broken and not self._closed:
+            log.warning("lane from the gateway ended: %s", conn.why)
+        self.close()
         return b""
+
+    def _frame(self, kind: int, call_id: int, body: bytes) -> None:
+        if kind == CALL:
+            spec = pb.JobSpec.FromString(body)
+            self._call_id = call_id
+            self._on_call(spec)
+        else:                           # CANCEL
+            self._on_cancel()
 
 
 class GatewayLane:
     """The gateway's end of one peer's lane: sends calls and cancellations,
     and a reader thread hands each event to ``on_event`` until the lane ends,
-    then calls ``on_end`` once with why ("" when we closed it)."""
+    then calls ``on_end`` once with why ("" when we closed it). A
+    ``wire.grpc_call.PeerChannel``, as a call on the link or on gRPC is."""
 
     def __init__(self, sock: socket.socket, on_event: Callable[[pb.Event], None],
                  on_end: Callable[[str], None], name: str, silence: float) -> None:
-        self._sock = sock
+        self._conn = FrameConnection(sock, (EVENT,), silence=silence,
+                                     closed_why="the peer closed the lane")
         self._on_event = on_event
         self._on_end = on_end
-        self._lock = threading.Lock()            # one frame at a time
-        self._closed = False
-        self._ours = False
-        sock.settimeout(None)
-        data_wire.keep_alive(sock, silence)
+        self._call_id = 0                        # the last call sent on it
         self.reader = threading.Thread(target=self._read, daemon=True, name=name)
         self.reader.start()
 
@@ -159,43 +154,38 @@ class GatewayLane:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._conn.closed
 
-    def send(self, kind: int, body: bytes = b"") -> bool:
-        """Send a frame; False once the lane is gone (the call then goes on gRPC)."""
-        if self._closed:
-            return False
-        with self._lock:
-            try:
-                send_frame(self._sock, kind, body)
-                return True
-            except OSError as exc:
-                if not self._closed:
-                    log.warning("lane broke on send: %s", exc)
-                return False
+    @property
+    def _sock(self) -> socket.socket:
+        return self._conn.sock
+
+    def send(self, request: pb.RunRequest) -> bool:
+        """Carry a request of the session's ``Run`` call: its next call
+        (``next_call``, the payload inside: its sender's check) or the
+        cancellation of the call on the lane (``control``); False for any other
+        request, or once the lane is gone (it then goes on the ``Run`` call)."""
+        if request.HasField("next_call"):
+            self._call_id = self._conn.new_id()
+            return self._conn.try_send(CALL, self._call_id,
+                                       request.next_call.SerializeToString())
+        if request.control == pb.CONTROL_CANCEL:
+            return self._conn.try_send(CANCEL, self._call_id)
+        return False
 
     def close(self) -> None:
         """End the lane (never waits: a send blocked on a full socket fails)."""
-        self._ours = self._closed = True
-        shut(self._sock)
+        self._conn.close()
+
+    def cancel(self) -> None:
+        """End the lane: only the lane (the session's ``Run`` call is its
+        lifeline, and ending that ends the peer's worker)."""
+        self.close()
 
     def _read(self) -> None:
         why = ""
         try:
-            while (frame := read_frame(self._sock)) is not None:
-                kind, body = frame
-                if kind != EVENT:
-                    raise ConnectionError(f"unknown lane frame kind {kind}")
-                self._on_event(pb.Event.FromString(body))
-            why = "the peer closed the lane"
-        except data_wire.FRAME_ERRORS as exc:
-            why = f"the lane broke: {exc}"
+            why = self._conn.serve(lambda kind, call_id, body: self._on_event(
+                pb.Event.FromString(body)))
         finally:
-            self._closed = True
-            shut(self._sock)              # a send blocked on it fails at once
-            with self._lock:               # (and none is under way as it closes)
-                try:
-                    self._sock.close()
-                except OSError:
-                    pass
-            self._on_end("" if self._ours else why)
+            self._on_end("" if self._conn.ours else why)

@@ -14,8 +14,8 @@ How it opens: the gateway asks the peer for a ticket of its data port
 stays open for as long as both agents live, and carries every later cold call
 of this gateway to that peer, several at once (``processes_per_host``).
 
-Frames: as a caller's lane's (``data_wire.send_frame``), each body starting
-with the 4-byte id of the call it belongs to (the gateway numbers them).
+Frames: numbered, on the one connection kind of every side channel
+(``remote_tpu._core.frame_connection``); the gateway numbers the calls.
 
 - gateway -> peer: ``CALL`` (the call's first request: its spec, with the
   payload inside), ``REQUEST`` (each next request: release, cancel), ``CANCEL``
@@ -41,7 +41,6 @@ link (the next call opens a new one, or goes on gRPC if it cannot).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import socket
 import threading
@@ -51,7 +50,8 @@ import grpc
 
 from remote_tpu._core import data_wire
 from remote_tpu._core.channels import Credentials, stub
-from remote_tpu._core.data_wire import LaneError, read_frame, send_frame, shut
+from remote_tpu._core.data_wire import LaneError
+from remote_tpu._core.frame_connection import FrameConnection
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 
@@ -65,15 +65,6 @@ REQUEST, HEALTH, HEALTH_REPLY, LINKED = (data_wire.REQUEST, data_wire.HEALTH,
 SILENCE_SECONDS = 10.0
 RETRY_SECONDS = 60.0          # a peer whose link could not be opened: gRPC until then
 # (doubling while it keeps failing, up to data_wire.RETRY_MAX: data_wire.Backoff)
-
-ID_BYTES = 4                 # bytes of a call's id, at the start of each frame's body
-
-
-def split_id(body: bytes) -> tuple[int, bytes]:
-    if len(body) < ID_BYTES:
-        raise ConnectionError(f"a link frame of {len(body)} bytes carries no call id")
-    return int.from_bytes(body[:ID_BYTES], "big"), body[ID_BYTES:]
-
 
 # ---------------------------------------------------------------- the gateway's end
 
@@ -134,16 +125,20 @@ class GatewayLink:
 
     def __init__(self, address: str, sock: socket.socket, silence: float) -> None:
         self.address = address
-        self._sock = sock
-        self._send_lock = threading.Lock()
+        self._conn = FrameConnection(sock, (EVENT, END, ERROR, HEALTH_REPLY), what="link",
+                                     silence=silence, closed_why="the link closed")
         self._lock = threading.Lock()
         self._calls: dict[int, LinkCall] = {}
         self._asked: dict[int, _Answer] = {}     # health checks, by call id
-        self._ids = itertools.count(1)
-        self.closed = False
-        sock.settimeout(None)
-        data_wire.keep_alive(sock, silence)
         threading.Thread(target=self._read, daemon=True, name=f"link-{address}").start()
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.closed
+
+    @property
+    def _sock(self) -> socket.socket:
+        return self._conn.sock
 
     def call(self, request: pb.RunRequest, on_event: Callable[[pb.Event], None],
              on_end: Callable[[grpc.RpcError | None], None]) -> LinkCall | None:
@@ -152,7 +147,7 @@ class GatewayLink:
         with self._lock:
             if self.closed:
                 return None
-            call = LinkCall(self, next(self._ids) & 0xFFFFFFFF, on_event, on_end)
+            call = LinkCall(self, self._conn.new_id(), on_event, on_end)
             self._calls[call.id] = call
         if self.send(CALL, call.id, request.SerializeToString()) or not call.claim():
             return call            # (not claimed: the link broke and ended it, as lost)
@@ -168,7 +163,7 @@ class GatewayLink:
         with self._lock:
             if self.closed:
                 return None
-            call_id = next(self._ids) & 0xFFFFFFFF
+            call_id = self._conn.new_id()
             self._asked[call_id] = answer
         if not self.send(HEALTH, call_id):
             self._unask(call_id)
@@ -191,56 +186,41 @@ class GatewayLink:
             self._asked.pop(call_id, None)
 
     def send(self, kind: int, call_id: int, body: bytes = b"") -> bool:
-        if self.closed:
-            return False
-        try:
-            with self._send_lock:
-                send_frame(self._sock, kind, call_id.to_bytes(ID_BYTES, "big") + body)
+        if self._conn.try_send(kind, call_id, body):
             return True
-        except OSError as exc:
-            if not self.closed:
-                log.info("the link to %s broke on send: %s", self.address, exc)
-            shut(self._sock)                 # the reader ends the calls on it
-            return False
+        self._conn.shut()                    # the reader ends the calls on it
+        return False
 
     def forget(self, call_id: int) -> None:
         with self._lock:
             self._calls.pop(call_id, None)
 
     def close(self) -> None:
-        self.closed = True
-        shut(self._sock)
+        self._conn.close()
+
+    def _frame(self, kind: int, call_id: int, body: bytes) -> None:
+        with self._lock:
+            call = self._calls.get(call_id)
+            asked = self._asked.get(call_id)
+        if asked is not None:         # (ERROR: it could not answer)
+            asked.body = body if kind == HEALTH_REPLY else None
+            asked.came.set()
+            return
+        if call is None:
+            return                    # a call that ended here: what it still sent
+        if kind == EVENT:
+            call.on_event(pb.Event.FromString(body))
+        elif kind == END:
+            call.finish(None)
+        else:
+            call.finish(LaneError.from_body(body))
 
     def _read(self) -> None:
         why = "the link closed"
         try:
-            while (frame := read_frame(self._sock)) is not None:
-                kind, (call_id, body) = frame[0], split_id(frame[1])
-                if kind not in (EVENT, END, ERROR, HEALTH_REPLY):
-                    raise ConnectionError(f"unknown link frame kind {kind}")
-                with self._lock:
-                    call = self._calls.get(call_id)
-                    asked = self._asked.get(call_id)
-                if asked is not None:         # (ERROR: it could not answer)
-                    asked.body = body if kind == HEALTH_REPLY else None
-                    asked.came.set()
-                    continue
-                if call is None:
-                    continue              # a call that ended here: what it still sent
-                if kind == EVENT:
-                    call.on_event(pb.Event.FromString(body))
-                elif kind == END:
-                    call.finish(None)
-                else:
-                    call.finish(LaneError.from_body(body))
-        except data_wire.FRAME_ERRORS as exc:
-            why = f"the link broke: {exc}"
+            why = self._conn.serve(self._frame)
         finally:
-            self.closed = True
             _forget(self)
-            shut(self._sock)
-            with self._send_lock:
-                self._sock.close()
             with self._lock:
                 calls, self._calls = list(self._calls.values()), {}
                 for asked in self._asked.values():
@@ -308,7 +288,7 @@ def connect(address: str, ticket: pb.DataTicket, within: float) -> socket.socket
     sock = data_wire.open_lane(address, ticket)
     try:
         sock.settimeout(within)
-        frame = read_frame(sock)
+        frame = data_wire.read_frame(sock)
         if frame is None or frame[0] != LINKED:
             raise ConnectionError("the agent did not take the link (its lanes are full?)")
         return sock

@@ -13,14 +13,13 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
-from remote_tpu._core import data_wire
-from remote_tpu._core.data_wire import LaneError, read_frame, send_frame, shut
+from remote_tpu._core.data_wire import LaneError
+from remote_tpu._core.frame_connection import FrameConnection
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from remote_tpu_agent.wire.caller_lane import LaneContext, serve_call
 from remote_tpu_agent.wire.peer_link import (CALL, CANCEL, ERROR, HEALTH, HEALTH_REPLY,
-                                             ID_BYTES, LINKED, REQUEST, SILENCE_SECONDS,
-                                             split_id)
+                                             LINKED, REQUEST, SILENCE_SECONDS)
 
 log = logging.getLogger(__name__)
 
@@ -59,48 +58,46 @@ class PeerLink:
         self._run = run
         self._health = health
         self._silence = silence
-        self._sock: socket.socket | None = None
-        self._send_lock = threading.Lock()
+        self._conn: FrameConnection | None = None
         self._lock = threading.Lock()
         self._calls: dict[int, _Served] = {}
 
     def serve(self, sock: socket.socket) -> bytes:
-        sock.settimeout(None)
-        data_wire.keep_alive(sock, self._silence)
-        self._sock = sock
+        self._conn = FrameConnection(sock, (CALL, REQUEST, CANCEL, HEALTH), what="link",
+                                     silence=self._silence)
         try:
             self._send(LINKED, 0)             # taken (not refused: lanes full)
-            while (frame := read_frame(sock)) is not None:
-                kind, (call_id, body) = frame[0], split_id(frame[1])
-                if kind == CALL:
-                    self._start(call_id, pb.RunRequest.FromString(body))
-                    continue
-                if kind == HEALTH:
-                    self._answer_health(call_id)
-                    continue
-                with self._lock:
-                    served = self._calls.get(call_id)
-                if kind == REQUEST:
-                    if served is not None:
-                        served.requests.put(pb.RunRequest.FromString(body))
-                elif kind == CANCEL:
-                    if served is not None:
-                        served.end()
-                else:
-                    raise ConnectionError(f"unknown link frame kind {kind}")
-        except data_wire.FRAME_ERRORS as exc:
+            self._conn.serve(self._frame)
+        except OSError as exc:
+            self._conn.shut()
             log.info("a gateway's link ended: %s", exc)
         finally:
-            shut(sock)
             with self._lock:
                 calls = list(self._calls.values())
             for served in calls:             # a gateway that went away: as on gRPC
                 served.end()
+        if self._conn.broken:
+            log.info("a gateway's link ended: %s", self._conn.why)
         return b""
 
+    def _frame(self, kind: int, call_id: int, body: bytes) -> None:
+        if kind == CALL:
+            self._start(call_id, pb.RunRequest.FromString(body))
+            return
+        if kind == HEALTH:
+            self._answer_health(call_id)
+            return
+        with self._lock:
+            served = self._calls.get(call_id)
+        if served is None:
+            return
+        if kind == REQUEST:
+            served.requests.put(pb.RunRequest.FromString(body))
+        else:                                 # CANCEL
+            served.end()
+
     def _send(self, kind: int, call_id: int, body: bytes = b"") -> None:
-        with self._send_lock:
-            send_frame(self._sock, kind, call_id.to_bytes(ID_BYTES, "big") + body)
+        self._conn.send(kind, call_id, body)
 
     def _answer_health(self, call_id: int) -> None:
         try:
@@ -132,7 +129,7 @@ class PeerLink:
         requests = itertools.chain((request,), iter(served.requests.get, None))
         try:
             if not serve_call(self._run(requests, served.context), served.context, send):
-                shut(self._sock)             # broken: serve() ends the others
+                self._conn.shut()            # broken: serve() ends the others
         finally:
             with self._lock:
                 self._calls.pop(call_id, None)

@@ -293,8 +293,9 @@ def keep_alive(sock: socket.socket, seconds: float, bound_unacked: bool = True) 
 
 
 def send_frame(sock: socket.socket, kind: int, body: bytes = b"") -> None:
-    """One frame of a lane (a connection that carries many messages, each way:
-    a warm session's calls): a 4-byte length, one byte of kind, the body."""
+    """One frame of a lane or a link (a connection that carries many
+    messages, each way: ``frame_connection``): a 4-byte length, one byte of
+    kind, the body."""
     sock.sendall((len(body) + 1).to_bytes(4, "big") + bytes((kind,)) + body)
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:       # protobuf is imported only where a message is made or r
 __version__ = "0.1.0"
 
 # Bump on any wire change an older peer could misread.
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 _FIELDS = ("protocol", "remote_tpu", "python", "cloudpickle", "jax", "jaxlib", "libtpu")
 # What every host of a slice must run alike (JAX's maintainers' first question on
 # a multi-host bug); Python by its minor version.

@@ -195,8 +195,9 @@ def test_a_lane_broken_with_no_resend_coming_cancels_its_call(slice_):
     from remote_tpu._trees import Trees
     payload = dumps_call(step._fn, (30,), {})
     spec = _spec(step.options, payload, "reset-1", _target(step.options), Trees())
-    sock = lane._take(next(iter(lane._lanes)))
-    lane.send_frame(sock, lane.CALL, next(_requests(spec, payload)).SerializeToString())
+    conn = lane._take(next(iter(lane._lanes)))
+    conn.send(lane.CALL, conn.new_id(), next(_requests(spec, payload)).SerializeToString())
+    sock = conn.sock
 
     def state():
         return {j.id: j.state for j in remote_tpu.jobs(
@@ -223,10 +224,10 @@ def test_a_call_whose_caller_goes_away_at_once_is_cancelled(slice_):
     for i in range(5):
         payload = dumps_call(step._fn, (30,), {})
         spec = _spec(step.options, payload, f"gone-{i}", _target(step.options), Trees())
-        sock = lane._take(next(iter(lane._lanes)))
-        lane.send_frame(sock, lane.CALL, next(_requests(spec, payload)).SerializeToString())
-        sock.shutdown(socket.SHUT_RDWR)
-        sock.close()
+        conn = lane._take(next(iter(lane._lanes)))
+        conn.send(lane.CALL, conn.new_id(), next(_requests(spec, payload)).SerializeToString())
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.sock.close()
 
         def state():
             return {j.id: j.state for j in remote_tpu.jobs(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import on_agents
-from remote_tpu import _client
+from remote_tpu import _transport
 from remote_tpu_agent.jobs.views import VALUE_IN_END_BYTES
 from remote_tpu._core.limits import INLINE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
@@ -71,17 +71,17 @@ def test_a_small_call_and_a_large_one_both_run(agents):
 def test_an_agent_without_run_inline_is_called_with_run(agents):
     older = _OlderAgent(agents.addresses[0])
     try:
-        _client._without_run_inline.discard(older.address)
+        _transport.without_run_inline.discard(older.address)
         import remote_tpu
         call = remote_tpu.run(accelerator="tpu-v5litepod-4", hosts=older.address,
                               token=agents.token, stream="none")(lambda: 7)
         assert call() == 7
         assert call() == 7
-        assert older.address in _client._without_run_inline
+        assert older.address in _transport.without_run_inline
         assert older.calls.count("Run") == 2      # the first after UNIMPLEMENTED; then at once
     finally:
         older.stop()
-        _client._without_run_inline.discard(older.address)
+        _transport.without_run_inline.discard(older.address)
 
 
 def _pickled_of_size(size: int) -> bytes:
@@ -99,13 +99,13 @@ def _pickled_of_size(size: int) -> bytes:
 def test_a_small_value_comes_inside_the_final_report_a_larger_one_in_chunks(
         agents, size, monkeypatch):
     kinds: list[str] = []
-    events = _client._StartedRun.__iter__
+    events = _transport.StartedRun.__iter__
 
     def watched(self):
         for event in events(self):
             kinds.append(event.WhichOneof("kind"))
             yield event
-    monkeypatch.setattr(_client._StartedRun, "__iter__", watched)
+    monkeypatch.setattr(_transport.StartedRun, "__iter__", watched)
     value = _pickled_of_size(size)
     call = on_agents(agents, stream="none")(lambda v: v)
     assert call(value) == value

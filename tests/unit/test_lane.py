@@ -15,11 +15,13 @@ from remote_tpu._core.limits import INLINE_BYTES, MAX_MESSAGE_BYTES
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent.wire.data_port import DataPort
 from remote_tpu._core.data_wire import send_frame
-from remote_tpu_agent.wire.peer_lane import CALL, CANCEL, GatewayLane, PeerLane
+from remote_tpu_agent.wire.peer_lane import CALL, GatewayLane, PeerLane
 
 from conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
+
+_CANCEL = pb.RunRequest(control=pb.CONTROL_CANCEL)
 
 
 class _Pair:
@@ -53,13 +55,14 @@ def pair():
 
 def test_calls_cancels_and_events_cross_the_lane(pair):
     spec = pb.JobSpec(job_id="j-2", payload=b"\x00" * INLINE_BYTES, payload_size=INLINE_BYTES)
-    assert pair.gateway.send(CALL, spec.SerializeToString())
+    assert pair.gateway.send(pb.RunRequest(next_call=spec))
     got = pair.calls.get(timeout=5)
     assert got.job_id == "j-2" and got.payload == spec.payload        # a whole MiB, intact
-    assert pair.gateway.send(CALL, pb.JobSpec(job_id="j-3").SerializeToString())
+    assert pair.gateway.send(pb.RunRequest(next_call=pb.JobSpec(job_id="j-3")))
     assert pair.calls.get(timeout=5).payload == b""                   # and 0 bytes
-    assert pair.gateway.send(CANCEL)
+    assert pair.gateway.send(_CANCEL)
     assert pair.cancels.get(timeout=5)
+    assert not pair.gateway.send(pb.RunRequest(control=pb.CONTROL_RELEASE))   # not a lane's
     for data in (b"", b"x", b"y" * (1 << 20)):
         assert pair.peer.send(pb.Event(host=1, output=pb.Output(data=data)))
     assert [pair.events.get(timeout=5).output.data for _ in range(3)] == \
@@ -78,7 +81,7 @@ def test_the_peer_closing_its_end_is_said_to_the_gateway(pair):
     pair.peer.close()
     assert pair.events.get(timeout=5).HasField("exited")      # what came first still comes
     assert pair.ends.get(timeout=5) == "the peer closed the lane"
-    assert not pair.gateway.send(CANCEL)
+    assert not pair.gateway.send(_CANCEL)
 
 
 @pytest.mark.parametrize("frame", [
@@ -132,8 +135,8 @@ def test_closing_an_end_whose_send_is_stuck_returns_at_once(side):
             sender, closer = (lambda: peer.send(pb.Event(output=pb.Output(
                 data=b"x" * (1 << 20))))), peer.close
         else:
-            body = pb.JobSpec(payload=b"x" * (1 << 20)).SerializeToString()
-            sender, closer = (lambda: gateway.send(CALL, body)), gateway.close
+            request = pb.RunRequest(next_call=pb.JobSpec(payload=b"x" * (1 << 20)))
+            sender, closer = (lambda: gateway.send(request)), gateway.close
         results: list[bool] = []
 
         def send_until_stuck():
