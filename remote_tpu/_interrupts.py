@@ -68,9 +68,9 @@ class FirstCtrlC:
         try:
             self._ask()
         except Exception as exc:  # noqa: BLE001 - said; then the call is cancelled
-            print(f"remote_tpu: the interrupt did not reach the slice "
-                  f"({getattr(exc, 'details', lambda: exc)()}): cancelling the call instead",
-                  file=sys.stderr, flush=True)
+            why = exc.details() if callable(getattr(exc, "details", None)) else exc
+            print(f"remote_tpu: the interrupt did not reach the slice ({why}): cancelling "
+                  "the call instead", file=sys.stderr, flush=True)
             if self._installed:            # (as a second Ctrl-C would)
                 _thread.interrupt_main(signal.SIGINT)
 

@@ -147,9 +147,9 @@ class GatewayJob:
         if self.end.interrupted_at is not None:
             return
         self.end.interrupted_at = time.monotonic()
-        for h in self.handles:
+        for h in self.handles:          # (a send to a peer may block: not this thread)
             if h.host not in self.end.exited:
-                h.interrupt()
+                threading.Thread(target=h.interrupt, daemon=True, name="interrupt").start()
         self._interrupt_timer = threading.Timer(INTERRUPT_SECONDS, self.events.put,
                                                 (_INTERRUPT_OVER,))
         self._interrupt_timer.daemon = True
