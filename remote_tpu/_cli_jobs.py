@@ -52,7 +52,6 @@ ACTIONS = {
     "logs": ("a host's output, or every host's (--host all)", """examples:
   remote-tpu jobs logs train-3f2a9c0d1e2f                  the leader's (host 0) log
   remote-tpu jobs logs -f --tail 20 train-3f2a9c0d1e2f     its last 20 lines, then on
-  remote-tpu jobs logs --host all --tail 5 train-3f2a9c0d1e2f
   remote-tpu jobs logs --host all --since 10m train-3f2a9c0d1e2f   merged, in time order"""),
     "result": ("the value process 0 returned (or the error), once it has ended",
                """examples:
