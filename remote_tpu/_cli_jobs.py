@@ -20,6 +20,7 @@ from ._core.addresses import HOSTS_ENV
 from ._core.exceptions import ConfigurationError
 from ._core.proto import remote_tpu_pb2 as pb
 from ._option_checks import hosts_text
+from ._render import LogPrinter
 
 if TYPE_CHECKING:
     from ._jobs import JobHandle, JobStatus
@@ -92,6 +93,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             a.add_argument("--tail", type=line_count, default=None, metavar="N",
                            help="only the last N lines of each host's log (with -f: "
                                 "then what comes)")
+            a.add_argument("--grep", type=grep_pattern, default=None, metavar="REGEX",
+                           help="only the lines that match this Python regular expression "
+                                "(after --since; --tail counts lines before it)")
             a.add_argument("--since", type=since_time, default=0.0, metavar="WHEN",
                            help="only what the job wrote from then on: a duration ago "
                                 "(90s, 10m, 2h, 1d) or a local time (14:05, "
@@ -179,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(status_block(reply, time.time()))
     elif args.action == "logs":
-        print_logs(handle, args.host, args.tail, args.follow, sys.stdout, args.since)
+        print_logs(handle, args.host, args.tail, args.follow, sys.stdout, args.since,
+                   args.grep)
     elif args.action == "result":               # ended as `remote-tpu run` ends a script
         from ._cli_run import script_status
         status, value = script_status(handle.result)
@@ -293,54 +298,6 @@ def root_cause(end: pb.JobEnd) -> str:
 
 # ------------------------------------------------------------------ logs
 
-class LogPrinter:
-    """Hosts' log bytes written out as text: as they are (one host), or line
-    by line, each prefixed with its host, a host's unfinished line held back
-    until its end comes (several hosts)."""
-
-    def __init__(self, out: IO[str], label: Callable[[int], str] | None) -> None:
-        import codecs
-
-        self._out = out
-        self._label = label
-        self._new = codecs.getincrementaldecoder("utf-8")
-        self._decoders: dict[int, codecs.IncrementalDecoder] = {}
-        self._held: dict[int, str] = collections.defaultdict(str)
-
-    def write(self, host: int, data: bytes) -> None:
-        decoder = self._decoders.setdefault(host, self._new("replace"))
-        self._text(host, decoder.decode(data))
-
-    def end(self, host: int) -> None:
-        """Host ``host``'s log is over: the rest of it, its last line ended."""
-        decoder = self._decoders.pop(host, None)
-        if decoder is not None:
-            self._text(host, decoder.decode(b"", final=True))
-        held = self._held.pop(host, "")
-        if held:
-            self._out.write(f"{self._label(host)}{held}\n")   # (held only with labels)
-            self._out.flush()
-
-    def _text(self, host: int, text: str) -> None:
-        if not text:
-            return
-        if self._label is None:
-            self._out.write(text)
-        else:
-            *lines, self._held[host] = (self._held[host] + text).split("\n")
-            self._out.write("".join(f"{self._label(host)}{line}\n" for line in lines))
-        self._out.flush()
-
-
-def log_count(handle: JobHandle, hosts: int) -> int:
-    """How many logs the job has: one per process, ``hosts`` unless it ran
-    several processes per host (found by asking for logs past the hosts')."""
-    hosts = max(1, hosts)
-    per_host = 1
-    while per_host < 64 and handle._has_log(hosts * per_host):
-        per_host += 1
-    return hosts * per_host
-
 
 def last_lines(handle: JobHandle, hosts: Sequence[int], n: int, since: float = 0.0
                ) -> tuple[dict[int, bytes], list[int]]:
@@ -363,20 +320,22 @@ def last_lines(handle: JobHandle, hosts: Sequence[int], n: int, since: float = 0
 
 
 def print_logs(handle: JobHandle, host: int | str | None, tail: int | None, follow: bool,
-               out: IO[str], since: float = 0.0) -> None:
+               out: IO[str], since: float = 0.0, grep: str | None = None) -> None:
+    from . import _jobs
+
     status = handle.status()
     if host == "all":
-        count = log_count(handle, status.hosts)
+        count = _jobs.log_count(handle, status.hosts)
         hosts = list(range(count))
         word = "host" if count == max(1, status.hosts) else "process"
-        printer = LogPrinter(out, lambda h: f"[{word} {h}] ")
+        printer = LogPrinter(out, lambda h: f"[{word} {h}] ", keep=_matching(grep))
     else:
         hosts = [host or 0]
         if hosts[0] >= status.hosts:          # or one of its processes' logs?
-            count = log_count(handle, status.hosts)
+            count = _jobs.log_count(handle, status.hosts)
             if hosts[0] >= count:
                 raise ConfigurationError(no_such_host(handle.id, status.hosts, count, hosts[0]))
-        printer = LogPrinter(out, None)
+        printer = LogPrinter(out, None, keep=_matching(grep))
     offsets: list[int] = []
     if tail is not None:
         tails, offsets = last_lines(handle, hosts, tail, since)
@@ -395,6 +354,27 @@ def print_logs(handle: JobHandle, host: int | str | None, tail: int | None, foll
             printer.write(h, data)
         for h in hosts:
             printer.end(h)
+
+def _matching(grep: str | None) -> Callable[[str], bool] | None:
+    """``--grep``: the lines it keeps (None: every one)."""
+    if grep is None:
+        return None
+    import re
+    pattern = re.compile(grep)
+    return lambda line: pattern.search(line) is not None
+
+
+def grep_pattern(text: str) -> str:
+    """``--grep``: a Python regular expression, checked now."""
+    import re
+    try:
+        re.compile(text)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression: {exc} "
+                                         "(Python's re syntax, e.g. 'loss|step [0-9]+')") \
+            from None
+    return text
+
 
 def no_such_host(job_id: str, hosts: int, count: int, host: int) -> str:
     """What ``--host host`` is told where the job has ``count`` logs."""

@@ -156,16 +156,31 @@ class JobHandle(AsFuture):
             self._accelerator = self.status().accelerator
         return self._accelerator
 
-    def logs(self, host: int | None = None, follow: bool = False) -> str | Iterator[str]:
+    def logs(self, host: int | str | None = None, follow: bool = False,
+             since: float | None = None) -> str | Iterator[str]:
         """Host ``host``'s output (default: process 0, the leader), stdout and
-        stderr interleaved as written. With ``follow``, an iterator of text as
-        it comes, until the job ends."""
+        stderr interleaved as written; ``host="all"``: every host's (every
+        process's, with several per host), each line prefixed ``[host i] ``,
+        merged in the order the gateway stored them (one clock for all).
+        ``since``: only what was stored from then on (seconds since the epoch,
+        as ``time.time()``). With ``follow``, an iterator of text as it comes,
+        until the job ends."""
+        if since is not None and (isinstance(since, bool) or
+                                  not isinstance(since, (int, float))):
+            raise ConfigurationError(f"since= must be a time in seconds since the epoch "
+                                     f"(time.time() - 600: the last ten minutes), got {since!r}")
+        if host == "all":
+            texts = every_log(self, follow, since or 0.0)
+            return texts if follow else "".join(texts)
         if host is not None and (isinstance(host, bool) or not isinstance(host, int)
                                  or host < 0):
-            raise ConfigurationError(f"host= must be a host index (0, 1, ...), got {host!r}")
-        request = pb.WatchRequest(job_id=self._id, hosts=[host or 0], follow=follow)
+            raise ConfigurationError(f"host= must be a host index (0, 1, ...) or \"all\", "
+                                     f"got {host!r}")
+        request = pb.WatchRequest(job_id=self._id, hosts=[host or 0], follow=follow,
+                                  since=since or 0.0)
         texts = self._texts(request)
         return texts if follow else "".join(texts)
+
 
     def _texts(self, request: pb.WatchRequest) -> Iterator[str]:
         import codecs
@@ -315,3 +330,41 @@ def release_targets(targets: Sequence[Target]) -> list[tuple[bool, str]]:
     for target in targets:
         call_lane.close(target.gateway)
     return [(reply.released, reply.detail) for reply in replies]
+
+
+def every_log(handle: JobHandle, follow: bool, since: float) -> Iterator[str]:
+    """Every log of the job's, each line prefixed with its host (or process)."""
+    import io
+
+    from ._render import LogPrinter
+
+    hosts = handle.status().hosts
+    count = log_count(handle, hosts)
+    word = "host" if count == max(1, hosts) else "process"
+    out = io.StringIO()
+    printer = LogPrinter(out, lambda h: f"[{word} {h}] ")
+
+    def taken() -> str:
+        text = out.getvalue()
+        out.seek(0)
+        out.truncate()
+        return text
+    for h, data, _, _ in handle._outputs(range(count), follow=follow, merged=not follow,
+                                       since=since):
+        printer.write(h, data)
+        if text := taken():
+            yield text
+    for h in range(count):
+        printer.end(h)
+    if text := taken():
+        yield text
+
+
+def log_count(handle: JobHandle, hosts: int) -> int:
+    """How many logs the job has: one per process, ``hosts`` unless it ran
+    several processes per host (found by asking for logs past the hosts')."""
+    hosts = max(1, hosts)
+    per_host = 1
+    while per_host < 64 and handle._has_log(hosts * per_host):
+        per_host += 1
+    return hosts * per_host

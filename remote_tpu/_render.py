@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import codecs
+import collections
 import sys
-from typing import TextIO
+from collections.abc import Callable
+from typing import IO, TextIO
 
 from ._core.proto import remote_tpu_pb2 as pb
 
@@ -72,3 +74,44 @@ class OutputRenderer:
             target = self._target(stream)
             target.write(text)
             target.flush()
+
+
+class LogPrinter:
+    """Hosts' log bytes written out as text: as they are (one host), or line
+    by line, each prefixed with its host, a host's unfinished line held back
+    until its end comes (several hosts)."""
+
+    def __init__(self, out: IO[str], label: Callable[[int], str] | None,
+                 keep: Callable[[str], bool] | None = None) -> None:
+        self._out = out
+        self._label = label if label is not None or keep is None else (lambda h: "")
+        self._keep = keep             # only the lines it keeps (then line by line)
+        self._new = codecs.getincrementaldecoder("utf-8")
+        self._decoders: dict[int, codecs.IncrementalDecoder] = {}
+        self._held: dict[int, str] = collections.defaultdict(str)
+
+    def write(self, host: int, data: bytes) -> None:
+        decoder = self._decoders.setdefault(host, self._new("replace"))
+        self._text(host, decoder.decode(data))
+
+    def end(self, host: int) -> None:
+        """Host ``host``'s log is over: the rest of it, its last line ended."""
+        decoder = self._decoders.pop(host, None)
+        if decoder is not None:
+            self._text(host, decoder.decode(b"", final=True))
+        held = self._held.pop(host, "")
+        if held and (self._keep is None or self._keep(held)):
+            self._out.write(f"{self._label(host)}{held}\n")   # (held only with labels)
+            self._out.flush()
+
+    def _text(self, host: int, text: str) -> None:
+        if not text:
+            return
+        if self._label is None:
+            self._out.write(text)
+        else:
+            *lines, self._held[host] = (self._held[host] + text).split("\n")
+            if self._keep is not None:
+                lines = [line for line in lines if self._keep(line)]
+            self._out.write("".join(f"{self._label(host)}{line}\n" for line in lines))
+        self._out.flush()

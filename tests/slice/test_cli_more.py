@@ -207,12 +207,23 @@ def test_jobs_logs_of_every_host_merge_in_time_order_from_since(slice_, tmp_path
     handle = remote_tpu.attach(job_id, hosts=slice_.addresses[0], token=slice_.token)
     assert wait_until(lambda: "turn 5" in handle.logs(host=0), timeout=60)
     time.sleep(0.8)                  # between the turns and the late lines
-    cut = datetime.datetime.now().isoformat()
+    cut_at = time.time()
+    cut = datetime.datetime.fromtimestamp(cut_at).isoformat()
     _cli(slice_, "jobs", "result", job_id)
     done = _cli(slice_, "jobs", "logs", "--host", "all", job_id)
     assert done.stdout.splitlines()[:6] == [
         f"[host {t % 2 == 0 and 1 or 0}] turn {t} by host {t % 2 == 0 and 1 or 0}"
         for t in range(6)], done.stdout
+    assert handle.logs(host="all") == done.stdout                 # the same, in Python
+    assert sorted(handle.logs(host="all", since=cut_at).splitlines()) == \
+        ["[host 0] late 0", "[host 1] late 1"]
+    done = _cli(slice_, "jobs", "logs", "--host", "all", "--grep", "turn [24]", job_id)
+    assert done.stdout == "[host 1] turn 2 by host 1\n[host 1] turn 4 by host 1\n", \
+        done.stdout
+    done = _cli(slice_, "jobs", "logs", "--grep", "late", job_id)       # one host: lines
+    assert done.stdout == "late 0\n", done.stdout
+    done = _cli(slice_, "jobs", "logs", "--grep", "(", job_id)
+    assert done.returncode == 2 and "is not a regular expression" in done.stderr
     done = _cli(slice_, "jobs", "logs", "--host", "all", "--since", cut, job_id)
     assert sorted(done.stdout.splitlines()) == ["[host 0] late 0", "[host 1] late 1"], \
         done.stdout
