@@ -87,7 +87,8 @@ class RemoteFunction(Generic[P, R]):
 
         try:
             payload = self._payload(args, kwargs)
-            return submit(self.options, payload, new_job_id(self._name))
+            self.last_job = submit(self.options, payload, new_job_id(self._name))
+            return self.last_job
         except (Exception, KeyboardInterrupt) as exc:
             raise cut_sdk_frames(exc)
 

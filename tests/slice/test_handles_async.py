@@ -108,6 +108,8 @@ def test_a_blocking_call_that_raised_leaves_its_job_reachable(pair):
         step("die")
     assert died.value.job_id == step.last_job.id != failed.id
     assert step(3) == 3 and step.last_job.status().state == "SUCCEEDED"
+    handle = step.submit(4)                       # a submitted one too
+    assert step.last_job is handle and handle.result(timeout=60) == 4
 
 
 def test_a_user_exceptions_own_job_id_stays(pair):
