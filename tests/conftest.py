@@ -429,6 +429,17 @@ def no_leftover_workers():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_reaches_callers():
+    """A shell that starts the suite in the background (``cmd &``, no job
+    control) makes it ignore SIGINT, and every process it starts inherits
+    that: the Ctrl-C tests' callers would never see their Ctrl-C and hang.
+    Python's own handler here means the children start with the default."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _private_config_home(tmp_path_factory):
     """Agents create a default token file when none is configured: never in the
     real home of whoever runs the tests."""
