@@ -84,7 +84,7 @@ class GatewayJob:
         self.session_id = warm.id if warm else (
             new_session_id() if spec.keep_warm_seconds > 0 else "")
         self.coordinator = warm.coordinator if warm else \
-            join_host_port(advertise, free_port(advertise))
+            join_host_port(advertise, free_port())
         self._peer_credentials = peer_credentials
         self._blobs = blobs
         self._blob_problems: dict[str, str] = {}     # peer agent: why it lacks the buffers

@@ -40,12 +40,20 @@ def host_of(address: str) -> str:
     return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
 
 
-def free_port(host: str) -> int:
-    """A TCP port free on ``host`` now (the JAX coordinator's, on a gateway)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port() -> int:
+    """A TCP port free on every address of this machine now: the JAX
+    coordinator's, on a gateway. JAX binds it on all of them (``[::]``), so a
+    port free on the gateway's own address alone may be taken on another (an
+    agent or a test on 127.0.0.1, say), and then the coordinator cannot start."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)   # IPv4 too
+            s.bind(("::", 0))
+            return s.getsockname()[1]
+    except OSError:                  # no IPv6 here
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("0.0.0.0", 0))
+            return s.getsockname()[1]
 
 
 def is_loopback(host: str) -> bool:
