@@ -164,11 +164,12 @@ def free_port() -> int:
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports (each held until all are chosen)."""
+    """``n`` distinct ports free on every address (each held until all are
+    chosen): tests beside this one, on other workers, bind 127.0.0.x too."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
-            s.bind(("127.0.0.1", 0))
+            s.bind(("0.0.0.0", 0))
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
