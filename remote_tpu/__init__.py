@@ -28,11 +28,13 @@ _LAZY = {
     "Retries": "._retries",
     "output_dir": "._output_files",
     "Topology": "._core.topology",
+    "progress": "._core.progress",
     "__version__": "._core.versions",
 }
 
 if _TYPE_CHECKING:
     from ._core.auth import TLS
+    from ._core.progress import progress
     from ._core.topology import Topology
     from ._core.versions import __version__
     from ._data import Data
@@ -79,6 +81,7 @@ __all__ = [
     "attach",
     "jobs",
     "output_dir",
+    "progress",
     "release",
     "run",
     "state",

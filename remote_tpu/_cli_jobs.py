@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 RawHelp = argparse.RawDescriptionHelpFormatter
 
-JOBS_HELP = "jobs on a slice: list, status, logs, result, cancel, stacks"
+JOBS_HELP = "jobs on a slice: list, status, logs, result, cancel, stacks, stalls"
 JOBS_EPILOG = """examples:
   remote-tpu jobs list --hosts 10.0.0.2
   remote-tpu jobs status train-3f2a9c0d1e2f
@@ -64,6 +64,10 @@ ACTIONS = {
     "stacks": ("every host's Python stacks, now: which host is stuck where", """examples:
   remote-tpu jobs stacks train-3f2a9c0d1e2f --hosts 10.0.0.2
   remote-tpu jobs stacks train-3f2a9c0d1e2f | less"""),
+    "stalls": ("the job's stall reports: when no host moved, which host stood out and where",
+               """examples:
+  remote-tpu jobs stalls train-3f2a9c0d1e2f --hosts 10.0.0.2
+  remote-tpu jobs stalls train-3f2a9c0d1e2f | less"""),
 }
 
 
@@ -196,7 +200,20 @@ def run(args: argparse.Namespace) -> int:
     elif args.action == "stacks":
         for host, text in sorted(handle.stacks().items()):
             print(f"===== host {host} =====\n{text.rstrip()}\n")
+    elif args.action == "stalls":
+        print_stalls(handle._status_reply())
     return 0
+
+
+def print_stalls(status: pb.JobStatus) -> None:
+    """Each stall report of the job, with its local time; or that there was none."""
+    if not status.stalls:
+        print(f"job {status.job_id}: no stall was seen (a stall: no host made progress for "
+              "stall_after= seconds, 300 by default)")
+        return
+    for stall in status.stalls:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stall.at))
+        print(f"===== {when} =====\n{stall.text.rstrip()}\n")
 
 
 # ------------------------------------------------------------------ list and status

@@ -159,6 +159,8 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         profile: bool | float = False,
         all_results: bool | None = None,
         compilation_cache: str | bool | None = None,
+        stall_after: float | bool | None = None,
+        on_stall: str | None = None,
         name: str | None = None,
         ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]:
     """Run the decorated function on every host of a TPU slice.
@@ -254,6 +256,15 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         so that a cold call's compilations are paid once; a ``gs://`` prefix
         (shared by every host and slice; the hosts' jax must be able to write
         it) or an absolute path on the hosts instead; False: off.
+    stall_after: seconds with no progress on any host (no output, no
+        ``remote_tpu.progress()``, no CPU used by any worker) before every
+        process's Python stack is taken at once, grouped, and the hosts whose
+        stack differs from the others' named, with the frames where it
+        differs: printed to the caller and kept with the job
+        (``remote-tpu jobs stalls JOB``). Default 300; 0 or False: off
+        (``REMOTE_TPU_STALL_AFTER``).
+    on_stall: ``"report"`` (the default: the job goes on) or ``"cancel"`` (the
+        stall ends the job, the odd host its root cause) (``REMOTE_TPU_ON_STALL``).
     name: the job's name: its job ids are ``NAME-`` and 12 hex digits, new for
         each call (default: the function's name). Letters, digits, ``_``,
         ``.`` and ``-``, at most 40.

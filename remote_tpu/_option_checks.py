@@ -313,6 +313,42 @@ def compilation_cache_text(text: str) -> str | bool:
     return text
 
 
+DEFAULT_STALL_AFTER = 300.0
+ON_STALL = ("report", "cancel")
+
+
+def stall_after(value: float | bool | None, get: Get) -> float:
+    """Seconds; None or True: the default; 0 or False: off."""
+    if value is None or value is True:
+        return DEFAULT_STALL_AFTER
+    if value is False:
+        return 0.0
+    if isinstance(value, (int, float)) and 0 <= value <= 7 * 86400:
+        return float(value)
+    raise ConfigurationError(
+        f"stall_after= must be a number of seconds from 0 (off) to 604800 (a week), "
+        f"False (off) or None ({DEFAULT_STALL_AFTER:g} s); got {value!r}")
+
+
+def stall_after_text(text: str) -> float | bool:
+    """The variable's or flag's text: seconds, or off."""
+    if text.strip().lower() in ("off", "false", "no"):
+        return False
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigurationError(f"stall after {text!r}: give a number of seconds, "
+                                 "or off") from None
+
+
+def on_stall(value: str | None, get: Get) -> str:
+    chosen = "report" if value is None else value
+    if chosen not in ON_STALL:
+        raise ConfigurationError(f"on_stall={chosen!r} is not one of "
+                                 f"{', '.join(map(repr, ON_STALL))}")
+    return chosen
+
+
 def flag_text(text: str) -> bool:
     """A true/false environment variable's text."""
     lowered = text.strip().lower()

@@ -60,6 +60,8 @@ class RunOptions:
     profile: float = 0.0              # seconds of jax.profiler trace (inf: the call); 0 = off
     all_results: bool = False         # every process's value, a list in process order
     compilation_cache: str = ""       # "" = the agent's own, "off", or gs://... / a host path
+    stall_after: float = 0.0          # seconds; 0 = off (the check's default is on)
+    on_stall: str = "report"          # or "cancel"
     name: str = ""                    # the start of its job ids; "" = the function's name
     keep_going: bool = False          # no fail-fast (`remote-tpu exec`)
 
@@ -312,6 +314,19 @@ OPTIONS: tuple[Option, ...] = (
                  "--compilation-cache-bytes)",
            spec=_same("compilation_cache", "compilation_cache"),
            flag=Flag(metavar="gs://...|PATH|off", parse=check.compilation_cache_text)),
+    Option("stall_after", "float | bool | None", None, check.stall_after,
+           "seconds with no progress on any host (output, remote_tpu.progress(), CPU) "
+           "before every process's stack is taken and the odd hosts named; False: off",
+           env="REMOTE_TPU_STALL_AFTER", env_parse=check.stall_after_text,
+           means=f"{check.DEFAULT_STALL_AFTER:g} s",
+           spec=_same("stall_after_seconds", "stall_after"),
+           flag=Flag(metavar="SECONDS|off", parse=check.stall_after_text)),
+    Option("on_stall", "str | None", None, check.on_stall,
+           "what a stall does: \"report\" (the job goes on) or \"cancel\" (it ends, the "
+           "stall its cause)",
+           env="REMOTE_TPU_ON_STALL", means='"report"',
+           spec=Spec(("cancel_on_stall",), lambda o: {"cancel_on_stall": o.on_stall == "cancel"}),
+           flag=Flag(metavar="report|cancel", choices=check.ON_STALL)),
     Option("name", "str | None", None, check.name,
            "the job's name, the start of its job id",
            means="the function's name",
@@ -366,7 +381,11 @@ def warn_unknown_variables(environ: Mapping[str, str] = os.environ) -> None:
                 name in _warned_variables:
             continue
         _warned_variables.add(name)
-        near = difflib.get_close_matches(name, KNOWN_VARIABLES, n=1, cutoff=0.75)
+        # (Matched without the prefix all of them share, which would make
+        # any two long enough names look alike.)
+        tails = {v.removeprefix("REMOTE_TPU_"): v for v in KNOWN_VARIABLES}
+        near = [tails[t] for t in difflib.get_close_matches(
+            name.removeprefix("REMOTE_TPU_"), tails, n=1, cutoff=0.75)]
         warnings.warn(f"{name} is set but remote_tpu reads no such variable"
                       + (f": did you mean {near[0]}?" if near else
                          f"; see {DOC_PAGE} for the ones it reads"),

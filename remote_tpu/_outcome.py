@@ -243,6 +243,11 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
                 renderer.write(event.host, event.output.stream, event.output.data)
             elif kind == "workers_started" and status is not None:
                 status.started(event.workers_started)
+            elif kind == "stall":
+                if status is not None:
+                    status.close()
+                sys.stdout.flush()
+                print(f"remote_tpu: {event.stall.text}", file=sys.stderr, flush=True)
             elif kind == "result_size":
                 value.sized(event.result_size, job_id)
             elif kind == "result_chunk":

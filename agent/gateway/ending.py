@@ -16,6 +16,7 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent.gateway.all_results import Joined, join
 from remote_tpu_agent.gateway.peer_process import RemoteHost
 from remote_tpu_agent.gateway.root_cause import root_cause
+from remote_tpu_agent.gateway.stalls import stalled_end
 from remote_tpu_agent.jobs.events import EventQueue
 from remote_tpu_agent.worker.handle import ProcessHandle
 from remote_tpu_agent.worker.run import WorkerRun
@@ -217,6 +218,15 @@ class JobEnding:
         return pb.Event(host=0, end=pb.JobEnd(
             state=pb.JOB_STATE_FAILED, root_cause_host=root_cause(self.reports),
             hosts=self.reports, detail=WARM_KEPT, warm_kept=True))
+
+    def stalled(self, stall: pb.StallReport, stacks: Sequence[pb.HostStacks]
+                ) -> Iterator[pb.Event]:
+        """on_stall="cancel": every host stopped, then the end
+        ``gateway.stalls.stalled_end`` makes of their reports."""
+        self.stop_all()
+        yield from self.settle(forward=True)
+        yield pb.Event(host=0, end=stalled_end(stall, stacks, self.reports,
+                                               WARM_LOST if self._warm_call else ""))
 
     def fail(self, state: int, detail: str = "") -> Iterator[pb.Event]:
         self.stop_all()

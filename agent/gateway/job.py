@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,6 +39,7 @@ from remote_tpu_agent.gateway.warm import ParkedWakes, WarmSession, new_session_
 from remote_tpu._core.limits import INTERRUPT_SECONDS
 from remote_tpu_agent.gateway.ending import WARM_LOST, JobEnding, forwarded
 from remote_tpu_agent.gateway.preflight import preflight
+from remote_tpu_agent.gateway.stalls import StallWatch, report as stall_report
 from remote_tpu_agent.gateway.peer_process import RemoteHost
 from remote_tpu_agent.worker.handle import ProcessHandle
 from remote_tpu_agent.worker.run import WorkerRun
@@ -51,6 +53,13 @@ log = logging.getLogger(__name__)
 _TIMED_OUT = object()
 _INTERRUPTED = object()         # the caller's first Ctrl-C (``GatewayJob.interrupt``)
 _INTERRUPT_OVER = object()      # ... INTERRUPT_SECONDS ago, and the job still runs
+_STALL_CHECK = object()         # stall_after=: no event came for a while; look
+
+
+@dataclasses.dataclass
+class _Stalled:
+    report: pb.StallReport
+    stacks: list[pb.HostStacks]
 
 
 @dataclasses.dataclass
@@ -287,9 +296,35 @@ class GatewayJob:
                     detail=f"agent at {remote.address} dropped the warm session's call")))
 
     def _main_loop(self) -> Iterator[pb.Event]:
+        after = self.spec.stall_after_seconds
+        yield from self._events(StallWatch(after) if after > 0 else None)
+
+    def _stall_report(self, quiet: float) -> None:
+        """(A thread of its own: the stacks take up to a second.)"""
+        stacks = self.stacks()
+        self.events.put(_Stalled(stall_report(self.spec.job_id, quiet, stacks,
+                                              self.spec.cancel_on_stall), stacks))
+
+    def _events(self, watch: StallWatch | None) -> Iterator[pb.Event]:
         end = self.end
         while True:
-            item = self.events.get()
+            try:
+                item = self.events.get(None if watch is None else watch.every)
+            except queue.Empty:
+                item = _STALL_CHECK
+            if watch is not None:
+                watch.saw(item)
+                if (quiet := watch.due()) is not None:
+                    threading.Thread(target=self._stall_report, args=(quiet,), daemon=True,
+                                     name="stall-report").start()
+            if item is _STALL_CHECK:
+                continue
+            if isinstance(item, _Stalled):
+                yield pb.Event(host=0, stall=item.report)
+                if item.report.cancelled:
+                    yield from end.stalled(item.report, item.stacks)
+                    return
+                continue
             if item is _INTERRUPTED:
                 self._interrupt_hosts()
                 continue

@@ -26,6 +26,7 @@ from remote_tpu._core.states import PHASE_OF_END, phase_name
 from remote_tpu_agent.jobs.attempts import next_attempt
 from remote_tpu_agent.gateway.job import GatewayJob
 from remote_tpu_agent.jobs.host_log import StoreFull
+from remote_tpu_agent.gateway.stalls import STALLS_KEPT
 from remote_tpu_agent.host.output_dir import OutputSync
 from remote_tpu_agent.gateway.reports import bound_end
 from remote_tpu_agent.jobs.store import JobRecord
@@ -288,6 +289,9 @@ class Scheduler(WarmScheduling):
             for event in job.run():
                 if event.HasField("started"):
                     record.worker_started()
+                    yield
+                elif event.HasField("stall"):
+                    record.add_stall(event.stall, STALLS_KEPT)
                     yield
                 elif event.HasField("output"):
                     try:

@@ -119,5 +119,6 @@ def local_calls(prepared: Prepared, spec: pb.JobSpec, job_dir: str, payload: byt
         calls.append(Call(job_dir=directory, env=env, payload=payload,
                           digest=spec.payload_digest.hex(), blobs=list(prepared.blob_paths),
                           working_dir=prepared.working_dir, data=prepared.data,
-                          gcs_data=list(spec.gcs_data), result_dir="" if k else results_dir))
+                          gcs_data=list(spec.gcs_data), result_dir="" if k else results_dir,
+                          stall_after=spec.stall_after_seconds))
     return calls

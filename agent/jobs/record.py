@@ -99,6 +99,16 @@ class JobRecord:
             with self.changed:
                 self.touch()
 
+    def add_stall(self, stall: pb.StallReport, kept: int) -> None:
+        """A stall report (``gateway.stalls``): kept (the first ``kept``) and
+        saved with the job, its followers woken."""
+        with self.changed:
+            if len(self.status.stalls) >= kept:
+                return
+            self.status.stalls.append(stall)
+            self.touch()
+        self.store.save(self)
+
     def worker_started(self) -> None:
         with self.changed:
             self.workers_started += 1

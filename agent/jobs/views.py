@@ -65,6 +65,7 @@ class JobViews:
             summary = pb.JobStatus()
             summary.CopyFrom(status)
             summary.ClearField("end")
+            summary.ClearField("stalls")
             size += summary.ByteSize() + 8
             if size > LIST_REPLY_BYTES:
                 reply.omitted = len(statuses) - i
@@ -85,14 +86,19 @@ def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
     # Without follow, a running job's logs are read up to where they end now.
     stop = None if follow or record.finished else {h: record.log(h).end() for h in hosts}
     told = 0                      # workers started, as the follower was told
+    stalls = len(record.status.stalls) if not follow else 0   # reports sent
     while context.is_active():
         with record.changed:
             finished = record.finished
             version = record.version
             started = record.workers_started
+            new_stalls = list(record.status.stalls[stalls:])
         if follow and started != told and not finished:
             told = started
             yield pb.Event(host=0, workers_started=started)
+        for stall in new_stalls if follow else []:
+            stalls += 1
+            yield pb.Event(host=0, stall=stall)
         sent = False
         for h in hosts:
             if stop is not None and position[h] >= stop[h]:

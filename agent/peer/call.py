@@ -316,7 +316,8 @@ class PeerCall:
                               f"{exc}") from exc
         return Call(job_dir=self._record.dir, payload=payload,
                     digest=spec.payload_digest.hex(), env=env, blobs=call_paths,
-                    working_dir=working_dir, data=data, gcs_data=list(spec.gcs_data))
+                    working_dir=working_dir, data=data, gcs_data=list(spec.gcs_data),
+                    stall_after=spec.stall_after_seconds)
 
     def _unplaced(self, host: int, exc: BaseException) -> pb.Event:
         """The host's end when its call could not be prepared, or was stopped."""

@@ -29,6 +29,7 @@ class Call:
     working_dir: str = ""     # working_dir=: the call's cwd, on sys.path ("" = none)
     data: dict[str, str] = dataclasses.field(default_factory=dict)   # Data trees: digest -> copy
     gcs_data: list[str] = dataclasses.field(default_factory=list)    # gs:// Data to fetch
+    stall_after: float = 0.0  # stall_after=: the worker's CPU is watched (worker.progress)
 
     def send(self, fd: int, env_changes: Mapping[str, str], warm: bool) -> None:
         """Write the call to a worker's control pipe (``warm``: the worker stays,

@@ -359,6 +359,24 @@ def _name_process(name: str) -> None:
         pass
 
 
+_status_lock = threading.Lock()     # DONE (main thread) and PROGRESS (any thread)
+
+
+def _report_progress_to(status_fd: int) -> None:
+    """``remote_tpu.progress()`` in this process: a PROGRESS frame to the agent."""
+    from remote_tpu._core import progress
+
+    def sink(step: int | None) -> None:
+        with _status_lock:
+            wire.write_frame(status_fd, wire.PROGRESS, {} if step is None else {"step": step})
+
+    def forked() -> None:           # a fork's copy of the lock may be held
+        global _status_lock
+        _status_lock = threading.Lock()
+    os.register_at_fork(after_in_child=forked)
+    progress._sink = sink
+
+
 def main() -> None:
     job_dir = os.environ[ENV_JOB_DIR]
     control_fd = int(os.environ[ENV_CONTROL_FD])
@@ -373,6 +391,7 @@ def main() -> None:
     stacks_file = open(os.path.join(job_dir, STACKS_FILE), "a", opener=private)
     faulthandler.register(STACKS_SIGNAL, file=stacks_file, all_threads=True)
     wire.write_frame(status_fd, wire.READY)
+    _report_progress_to(status_fd)
 
     watch = _ControlWatch(control_fd)
     watch.away.set()
@@ -410,7 +429,8 @@ def main() -> None:
             outcome, result = _run_call(header, blob, int(os.environ["JAX_PROCESS_ID"]))
         del blob, frame
         _flush_output(close=not warm or failure is not None)
-        wire.write_frame(status_fd, wire.DONE, outcome, result)
+        with _status_lock:
+            wire.write_frame(status_fd, wire.DONE, outcome, result)
         del result
         frame = _order(control_fd, watch)
     os._exit(0)

@@ -3,8 +3,9 @@
 Agent -> worker (control pipe): ``CALL`` (a call to run: its directory, the
 environment it changes, the payload's digest, and the payload itself inline
 or the path of a file holding it) and ``RELEASE`` (exit now). Worker -> agent
-(status pipe): ``READY`` (the stacks handler is in place) and ``DONE`` (the
-call's outcome, with process 0's pickled value inline or in a file).
+(status pipe): ``READY`` (the stacks handler is in place), ``PROGRESS``
+(``remote_tpu.progress()``: the step, if given) and ``DONE`` (the call's
+outcome, with process 0's pickled value inline or in a file).
 
 A frame is one kind byte, a 4-byte header length, a JSON header, an 8-byte blob
 length and the blob. Small payloads and values travel inline, so a warm call
@@ -23,8 +24,10 @@ CALL = b"N"
 RELEASE = b"R"
 READY = b"S"
 DONE = b"D"
+PROGRESS = b"P"
 _JOINED_BYTES = 1 << 16     # a blob up to this goes in the same write as its header
-__all__ = ["CALL", "DONE", "INLINE_BYTES", "READY", "RELEASE", "read_frame", "write_frame"]
+__all__ = ["CALL", "DONE", "INLINE_BYTES", "PROGRESS", "READY", "RELEASE", "read_frame",
+           "write_frame"]
 
 
 def write_frame(fd: int, kind: bytes, header: dict | None = None, blob: bytes = b"") -> None:

@@ -31,6 +31,7 @@ from remote_tpu_agent.worker import child as _worker
 from remote_tpu_agent.worker import frames as wire
 from remote_tpu_agent.worker.call import Call, apply_outcome, unreadable
 from remote_tpu_agent.worker.processes import signal_name, stop_group
+from remote_tpu_agent.worker.progress import CPU
 from remote_tpu_agent.worker.run_output import HeldOutput, WorkerOutput
 from remote_tpu_agent.worker.spares import Spares, spawn
 from remote_tpu_agent.worker.stacks import dump_stacks
@@ -150,6 +151,7 @@ class WorkerRun:
         self._status_thread.start()
         threading.Thread(target=self._wait_exit, daemon=True,
                          name=f"worker{self.host}-wait").start()
+        self._watch_cpu()
         # A payload of up to INLINE_BYTES fills the pipe until the worker is up
         # to read it: the caller does not wait for that.
         threading.Thread(target=self._send, args=(self.call, env_changes), daemon=True,
@@ -216,6 +218,7 @@ class WorkerRun:
         # (No ``started`` event: the session's first call said it, same pid.)
         for stream, data in held:
             self._emit_output(stream, data)
+        self._watch_cpu()
         return self._send(call, changed)
 
     def stacks(self, wait: float = 1.0) -> str:
@@ -299,13 +302,30 @@ class WorkerRun:
                 kind, header, blob = frame
                 if kind == wire.READY:
                     self._stacks_ready.set()
+                elif kind == wire.PROGRESS:
+                    self._progress(pb.Progress(has_step="step" in header,
+                                               step=int(header.get("step", 0))))
                 elif kind == wire.DONE:
                     self._output.flush()
                     self._on_done(header, blob)
         finally:
             os.close(self._status_r)
 
+    def _watch_cpu(self) -> None:
+        """(stall_after=) The call's CPU, as progress, until it is done."""
+        if self.call.stall_after > 0 and self.proc is not None:
+            CPU.watch(self, self.proc.pid, self.call.stall_after, self._progress)
+
+    def _progress(self, progress: pb.Progress) -> None:
+        """A progress event for the gateway's stall watch (not while parked:
+        no call is running)."""
+        with self._lock:
+            emit = None if self.parked or self._cancelled else self._emit
+        if emit is not None:
+            emit(pb.Event(host=self.host, progress=progress))
+
     def _on_done(self, outcome: dict, result: bytes) -> None:
+        CPU.forget(self)                      # the function is over
         with self._lock:
             try:
                 apply_outcome(self.report, outcome)
@@ -377,6 +397,7 @@ class WorkerRun:
             report.CopyFrom(r)
             was_parked, self.parked = self.parked, False
         self._emit(pb.Event(host=self.host, exited=report))
+        CPU.forget(self)
         self.finished.set()
         own = os.path.dirname(self._stacks_path)
         if own != self.call.job_dir:            # the worker's own files go with it

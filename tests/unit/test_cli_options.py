@@ -75,6 +75,8 @@ SAMPLES = {
     "profile": (["--profile", "call"], True),
     "name": (["--name", "nightly"], "nightly"),
     "compilation_cache": (["--compilation-cache", "off"], False),
+    "stall_after": (["--stall-after", "90"], 90.0),
+    "on_stall": (["--on-stall", "cancel"], "cancel"),
 }
 
 

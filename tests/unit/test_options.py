@@ -152,6 +152,8 @@ BAD_VARIABLES = [
     ("REMOTE_TPU_NUM_SLICES", "0", "from 1 to 64"),
     ("REMOTE_TPU_ALL_RESULTS", "maybe", "is not true or false: use 1 or 0"),
     ("REMOTE_TPU_COMPILATION_CACHE", "cache", "compilation_cache= must be a gs://bucket"),
+    ("REMOTE_TPU_STALL_AFTER", "soon", "give a number of seconds, or off"),
+    ("REMOTE_TPU_ON_STALL", "panic", "is not one of 'report', 'cancel'"),
 ]
 
 
@@ -276,3 +278,28 @@ def test_compilation_cache_names_what_it_takes(monkeypatch):
     for bad in ("relative/dir", "gs://", 3, ""):
         with pytest.raises(remote_tpu.ConfigurationError, match="compilation_cache= must be"):
             on(compilation_cache=bad)
+
+
+def test_stall_after_is_on_by_default_and_says_what_it_takes(monkeypatch):
+    on = lambda **kw: remote_tpu.run(accelerator="tpu-v4-8", **kw)(print).options  # noqa: E731
+    assert (on().stall_after, on().on_stall) == (300.0, "report")
+    assert on(stall_after=False).stall_after == 0.0
+    assert on(stall_after=0).stall_after == 0.0
+    assert on(stall_after=2.5, on_stall="cancel").on_stall == "cancel"
+    monkeypatch.setenv("REMOTE_TPU_STALL_AFTER", "off")
+    assert on().stall_after == 0.0
+    monkeypatch.setenv("REMOTE_TPU_STALL_AFTER", "60")
+    assert on().stall_after == 60.0
+    for bad in (-1, "5", 10 ** 9, float("nan")):
+        with pytest.raises(remote_tpu.ConfigurationError, match="stall_after= must be"):
+            on(stall_after=bad)
+    with pytest.raises(remote_tpu.ConfigurationError, match="is not one of 'report', 'cancel'"):
+        on(on_stall="kill")
+
+
+def test_progress_outside_a_call_does_nothing_and_checks_its_step():
+    remote_tpu.progress()
+    remote_tpu.progress(step=3)
+    for bad in (-1, 1.5, True, "7"):
+        with pytest.raises(remote_tpu.ConfigurationError, match="whole number >= 0"):
+            remote_tpu.progress(step=bad)

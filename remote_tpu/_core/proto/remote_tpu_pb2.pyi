@@ -252,7 +252,7 @@ class JobRef(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., data_port: _Optional[bool] = ..., value_in_end: _Optional[bool] = ..., interrupt: _Optional[bool] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "phase", "accelerator", "num_hosts", "created_at", "started_at", "ended_at", "detail", "queued_behind", "queue_position", "existed", "end", "warm_until", "attempts", "num_slices")
+    __slots__ = ("job_id", "phase", "accelerator", "num_hosts", "created_at", "started_at", "ended_at", "detail", "queued_behind", "queue_position", "existed", "end", "warm_until", "attempts", "num_slices", "stalls")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +268,7 @@ class JobStatus(_message.Message):
     WARM_UNTIL_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     NUM_SLICES_FIELD_NUMBER: _ClassVar[int]
+    STALLS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     phase: JobPhase
     accelerator: str
@@ -283,7 +284,32 @@ class JobStatus(_message.Message):
     warm_until: float
     attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
     num_slices: int
-    def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ..., queued_behind: _Optional[str] = ..., queue_position: _Optional[int] = ..., existed: _Optional[bool] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., warm_until: _Optional[float] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., num_slices: _Optional[int] = ...) -> None: ...
+    stalls: _containers.RepeatedCompositeFieldContainer[StallReport]
+    def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ..., queued_behind: _Optional[str] = ..., queue_position: _Optional[int] = ..., existed: _Optional[bool] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., warm_until: _Optional[float] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., num_slices: _Optional[int] = ..., stalls: _Optional[_Iterable[_Union[StallReport, _Mapping]]] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("cpu_seconds", "has_step", "step")
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HAS_STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    cpu_seconds: float
+    has_step: bool
+    step: int
+    def __init__(self, cpu_seconds: _Optional[float] = ..., has_step: _Optional[bool] = ..., step: _Optional[int] = ...) -> None: ...
+
+class StallReport(_message.Message):
+    __slots__ = ("at", "quiet_seconds", "odd_hosts", "text", "cancelled")
+    AT_FIELD_NUMBER: _ClassVar[int]
+    QUIET_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ODD_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    at: float
+    quiet_seconds: float
+    odd_hosts: _containers.RepeatedScalarFieldContainer[int]
+    text: str
+    cancelled: bool
+    def __init__(self, at: _Optional[float] = ..., quiet_seconds: _Optional[float] = ..., odd_hosts: _Optional[_Iterable[int]] = ..., text: _Optional[str] = ..., cancelled: _Optional[bool] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("job_id", "hosts", "offsets", "follow", "merged", "since")
@@ -388,7 +414,7 @@ class JaxTimeouts(_message.Message):
     def __init__(self, initialization_seconds: _Optional[int] = ..., heartbeat_seconds: _Optional[int] = ..., shutdown_seconds: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_digest", "processes_per_host", "keep_warm_seconds", "client_id", "payload", "skip_jax_init", "blobs", "working_dir", "output_dir", "collect_outputs", "data", "gcs_data", "requirements", "allow_jax_requirements", "num_slices", "retries", "attempt", "earlier_attempts", "keep_going", "profile_seconds", "result_over_data_port", "value_in_end", "offer_lane", "all_results", "compilation_cache")
+    __slots__ = ("client_versions", "job_id", "accelerator", "num_hosts", "role", "hosts", "process_id", "coordinator_address", "stream", "env", "timeout_seconds", "jax_timeouts", "payload_size", "devices_per_host", "payload_digest", "processes_per_host", "keep_warm_seconds", "client_id", "payload", "skip_jax_init", "blobs", "working_dir", "output_dir", "collect_outputs", "data", "gcs_data", "requirements", "allow_jax_requirements", "num_slices", "retries", "attempt", "earlier_attempts", "keep_going", "profile_seconds", "result_over_data_port", "value_in_end", "offer_lane", "all_results", "compilation_cache", "stall_after_seconds", "cancel_on_stall")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -435,6 +461,8 @@ class JobSpec(_message.Message):
     OFFER_LANE_FIELD_NUMBER: _ClassVar[int]
     ALL_RESULTS_FIELD_NUMBER: _ClassVar[int]
     COMPILATION_CACHE_FIELD_NUMBER: _ClassVar[int]
+    STALL_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_ON_STALL_FIELD_NUMBER: _ClassVar[int]
     client_versions: Versions
     job_id: str
     accelerator: str
@@ -474,7 +502,9 @@ class JobSpec(_message.Message):
     offer_lane: bool
     all_results: bool
     compilation_cache: str
-    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_digest: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., skip_jax_init: _Optional[bool] = ..., blobs: _Optional[_Iterable[_Union[BlobRef, _Mapping]]] = ..., working_dir: _Optional[_Union[WorkingDir, _Mapping]] = ..., output_dir: _Optional[str] = ..., collect_outputs: _Optional[bool] = ..., data: _Optional[_Iterable[_Union[WorkingDir, _Mapping]]] = ..., gcs_data: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[str]] = ..., allow_jax_requirements: _Optional[bool] = ..., num_slices: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., attempt: _Optional[int] = ..., earlier_attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., keep_going: _Optional[bool] = ..., profile_seconds: _Optional[float] = ..., result_over_data_port: _Optional[bool] = ..., value_in_end: _Optional[bool] = ..., offer_lane: _Optional[bool] = ..., all_results: _Optional[bool] = ..., compilation_cache: _Optional[str] = ...) -> None: ...
+    stall_after_seconds: float
+    cancel_on_stall: bool
+    def __init__(self, client_versions: _Optional[_Union[Versions, _Mapping]] = ..., job_id: _Optional[str] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., hosts: _Optional[_Iterable[str]] = ..., process_id: _Optional[int] = ..., coordinator_address: _Optional[str] = ..., stream: _Optional[_Union[StreamMode, str]] = ..., env: _Optional[_Mapping[str, str]] = ..., timeout_seconds: _Optional[float] = ..., jax_timeouts: _Optional[_Union[JaxTimeouts, _Mapping]] = ..., payload_size: _Optional[int] = ..., devices_per_host: _Optional[int] = ..., payload_digest: _Optional[bytes] = ..., processes_per_host: _Optional[int] = ..., keep_warm_seconds: _Optional[float] = ..., client_id: _Optional[str] = ..., payload: _Optional[bytes] = ..., skip_jax_init: _Optional[bool] = ..., blobs: _Optional[_Iterable[_Union[BlobRef, _Mapping]]] = ..., working_dir: _Optional[_Union[WorkingDir, _Mapping]] = ..., output_dir: _Optional[str] = ..., collect_outputs: _Optional[bool] = ..., data: _Optional[_Iterable[_Union[WorkingDir, _Mapping]]] = ..., gcs_data: _Optional[_Iterable[str]] = ..., requirements: _Optional[_Iterable[str]] = ..., allow_jax_requirements: _Optional[bool] = ..., num_slices: _Optional[int] = ..., retries: _Optional[_Union[RetryPolicy, _Mapping]] = ..., attempt: _Optional[int] = ..., earlier_attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., keep_going: _Optional[bool] = ..., profile_seconds: _Optional[float] = ..., result_over_data_port: _Optional[bool] = ..., value_in_end: _Optional[bool] = ..., offer_lane: _Optional[bool] = ..., all_results: _Optional[bool] = ..., compilation_cache: _Optional[str] = ..., stall_after_seconds: _Optional[float] = ..., cancel_on_stall: _Optional[bool] = ...) -> None: ...
 
 class RetryPolicy(_message.Message):
     __slots__ = ("preemptions", "failures", "backoff_seconds", "backoff_max_seconds")
@@ -635,7 +665,7 @@ class Started(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("host", "started", "output", "done", "exited", "result_chunk", "end", "queued", "result_size", "workers_started", "result_ticket", "lane")
+    __slots__ = ("host", "started", "output", "done", "exited", "result_chunk", "end", "queued", "result_size", "workers_started", "result_ticket", "lane", "progress", "stall")
     HOST_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
@@ -648,6 +678,8 @@ class Event(_message.Message):
     WORKERS_STARTED_FIELD_NUMBER: _ClassVar[int]
     RESULT_TICKET_FIELD_NUMBER: _ClassVar[int]
     LANE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    STALL_FIELD_NUMBER: _ClassVar[int]
     host: int
     started: Started
     output: Output
@@ -660,7 +692,9 @@ class Event(_message.Message):
     workers_started: int
     result_ticket: DataTicket
     lane: DataTicket
-    def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., queued: _Optional[_Union[JobStatus, _Mapping]] = ..., result_size: _Optional[int] = ..., workers_started: _Optional[int] = ..., result_ticket: _Optional[_Union[DataTicket, _Mapping]] = ..., lane: _Optional[_Union[DataTicket, _Mapping]] = ...) -> None: ...
+    progress: Progress
+    stall: StallReport
+    def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., queued: _Optional[_Union[JobStatus, _Mapping]] = ..., result_size: _Optional[int] = ..., workers_started: _Optional[int] = ..., result_ticket: _Optional[_Union[DataTicket, _Mapping]] = ..., lane: _Optional[_Union[DataTicket, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., stall: _Optional[_Union[StallReport, _Mapping]] = ...) -> None: ...
 
 class OutputsRequest(_message.Message):
     __slots__ = ("job_id", "this_host")
