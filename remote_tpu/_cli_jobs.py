@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 RawHelp = argparse.RawDescriptionHelpFormatter
 
-JOBS_HELP = "jobs on a slice: list, status, logs, result, cancel, stacks, stalls"
+JOBS_HELP = "jobs on a slice: list, status, show, logs, result, cancel, stacks, stalls"
 JOBS_EPILOG = """examples:
   remote-tpu jobs list --hosts 10.0.0.2
   remote-tpu jobs status train-3f2a9c0d1e2f
@@ -50,6 +50,10 @@ ACTIONS = {
     "status": ("one job's state, times and root cause (--json: for scripts)", """examples:
   remote-tpu jobs status train-3f2a9c0d1e2f --hosts 10.0.0.2
   remote-tpu jobs status --json train-3f2a9c0d1e2f | jq -r .state"""),
+    "show": ("a job's story in time order: queued, each host's worker, jax, first output, "
+             "stalls, failures, ends", """examples:
+  remote-tpu jobs show train-3f2a9c0d1e2f --hosts 10.0.0.2
+  remote-tpu jobs show nightly-0a1b2c3d4e5f | grep 'host 3'"""),
     "logs": ("a host's output, or every host's (--host all)", """examples:
   remote-tpu jobs logs train-3f2a9c0d1e2f                  the leader's (host 0) log
   remote-tpu jobs logs -f --tail 20 train-3f2a9c0d1e2f     its last 20 lines, then on
@@ -200,6 +204,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.action == "stacks":
         for host, text in sorted(handle.stacks().items()):
             print(f"===== host {host} =====\n{text.rstrip()}\n")
+    elif args.action == "show":
+        from ._story import story
+        sys.stdout.write(story(handle._status_reply()))
     elif args.action == "stalls":
         print_stalls(handle._status_reply())
     return 0

@@ -40,6 +40,7 @@ from remote_tpu._core.limits import INTERRUPT_SECONDS
 from remote_tpu_agent.gateway.ending import WARM_LOST, JobEnding, forwarded
 from remote_tpu_agent.gateway.preflight import preflight
 from remote_tpu_agent.gateway.stalls import StallWatch, report as stall_report
+from remote_tpu_agent.gateway.timeline import Timeline
 from remote_tpu_agent.gateway.peer_process import RemoteHost
 from remote_tpu_agent.worker.handle import ProcessHandle
 from remote_tpu_agent.worker.run import WorkerRun
@@ -128,6 +129,7 @@ class GatewayJob:
         self.permanent = False            # a peer refused us for good (gateway.preflight)
         self._skew = ""                   # the hosts' versions, where they differ
         self._emit_warm = ParkedWakes(self.events, self.n)    # a warm call's events
+        self.timeline = Timeline(self.n)
 
     @property
     def handles(self) -> list[ProcessHandle]:
@@ -175,7 +177,14 @@ class GatewayJob:
     # ------------------------------------------------------------------ run
 
     def run(self) -> Iterator[pb.Event]:
-        """Every host's output (``started``, ``output``) as it comes, then ``end``."""
+        """Every host's output (``started``, ``output``) as it comes, then
+        ``end``, with the job's timeline (``gateway.timeline``)."""
+        for event in self._run_all():
+            if event.HasField("end"):
+                self.timeline.fill(event.end)
+            yield event
+
+    def _run_all(self) -> Iterator[pb.Event]:
         timer = None
         if self.spec.timeout_seconds > 0:      # from the start: preparing counts
             timer = threading.Timer(self.spec.timeout_seconds, self.events.put, (_TIMED_OUT,))
@@ -312,6 +321,7 @@ class GatewayJob:
                 item = self.events.get(None if watch is None else watch.every)
             except queue.Empty:
                 item = _STALL_CHECK
+            self.timeline.saw(item)
             if watch is not None:
                 watch.saw(item)
                 if (quiet := watch.due()) is not None:

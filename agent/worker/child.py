@@ -420,6 +420,8 @@ def main() -> None:
                 _initialize_jax(int(os.environ["JAX_PROCESS_ID"]),
                                 int(os.environ["JAX_NUM_PROCESSES"]))
                 initialized = True
+                with _status_lock:
+                    wire.write_frame(status_fd, wire.JAX_READY)
             except BaseException as exc:  # noqa: BLE001 - reported as the call's outcome
                 failure = _failed(exc, "initializing jax.distributed",
                                   int(os.environ.get("JAX_PROCESS_ID", "0")), header["job_dir"])

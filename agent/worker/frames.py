@@ -3,7 +3,8 @@
 Agent -> worker (control pipe): ``CALL`` (a call to run: its directory, the
 environment it changes, the payload's digest, and the payload itself inline
 or the path of a file holding it) and ``RELEASE`` (exit now). Worker -> agent
-(status pipe): ``READY`` (the stacks handler is in place), ``PROGRESS``
+(status pipe): ``READY`` (the stacks handler is in place), ``JAX_READY``
+(``jax.distributed`` initialized, for the job's timeline), ``PROGRESS``
 (``remote_tpu.progress()``: the step, if given) and ``DONE`` (the call's
 outcome, with process 0's pickled value inline or in a file).
 
@@ -25,9 +26,10 @@ RELEASE = b"R"
 READY = b"S"
 DONE = b"D"
 PROGRESS = b"P"
+JAX_READY = b"J"
 _JOINED_BYTES = 1 << 16     # a blob up to this goes in the same write as its header
-__all__ = ["CALL", "DONE", "INLINE_BYTES", "PROGRESS", "READY", "RELEASE", "read_frame",
-           "write_frame"]
+__all__ = ["CALL", "DONE", "INLINE_BYTES", "JAX_READY", "PROGRESS", "READY", "RELEASE",
+           "read_frame", "write_frame"]
 
 
 def write_frame(fd: int, kind: bytes, header: dict | None = None, blob: bytes = b"") -> None:

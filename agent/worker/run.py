@@ -302,6 +302,8 @@ class WorkerRun:
                 kind, header, blob = frame
                 if kind == wire.READY:
                     self._stacks_ready.set()
+                elif kind == wire.JAX_READY:
+                    self._progress(pb.Progress(jax_ready=True))
                 elif kind == wire.PROGRESS:
                     self._progress(pb.Progress(has_step="step" in header,
                                                step=int(header.get("step", 0))))

@@ -331,7 +331,7 @@ def test_a_command_missing_its_slice_script_or_action_says_what_to_give():
            "e.g. --hosts 10.0.0.2, or set REMOTE_TPU_HOSTS" in done.stderr, done.stderr
     done = cli("jobs")
     assert done.returncode == 2
-    assert "give what to do: list, status, logs, result, cancel, stacks, stalls" in done.stderr
+    assert "give what to do: list, status, show, logs, result, cancel, stacks, stalls" in done.stderr
     done = cli()
     assert done.returncode == 2 and "give a command: run, exec, jobs" in done.stderr
     done = cli("run", "--detach")

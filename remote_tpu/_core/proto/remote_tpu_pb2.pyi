@@ -288,14 +288,16 @@ class JobStatus(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ..., queued_behind: _Optional[str] = ..., queue_position: _Optional[int] = ..., existed: _Optional[bool] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., warm_until: _Optional[float] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., num_slices: _Optional[int] = ..., stalls: _Optional[_Iterable[_Union[StallReport, _Mapping]]] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("cpu_seconds", "has_step", "step")
+    __slots__ = ("cpu_seconds", "has_step", "step", "jax_ready")
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     HAS_STEP_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    JAX_READY_FIELD_NUMBER: _ClassVar[int]
     cpu_seconds: float
     has_step: bool
     step: int
-    def __init__(self, cpu_seconds: _Optional[float] = ..., has_step: _Optional[bool] = ..., step: _Optional[int] = ...) -> None: ...
+    jax_ready: bool
+    def __init__(self, cpu_seconds: _Optional[float] = ..., has_step: _Optional[bool] = ..., step: _Optional[int] = ..., jax_ready: _Optional[bool] = ...) -> None: ...
 
 class StallReport(_message.Message):
     __slots__ = ("at", "quiet_seconds", "odd_hosts", "text", "cancelled")
@@ -629,7 +631,7 @@ class HostReport(_message.Message):
     def __init__(self, host: _Optional[int] = ..., state: _Optional[_Union[HostState, str]] = ..., exit_code: _Optional[int] = ..., signal: _Optional[str] = ..., detail: _Optional[str] = ..., last_lines: _Optional[_Iterable[str]] = ..., exception: _Optional[_Union[RemoteException, _Mapping]] = ..., finished_at: _Optional[float] = ..., exited: _Optional[bool] = ..., stacks: _Optional[str] = ..., preempted: _Optional[bool] = ..., warm: _Optional[bool] = ..., notices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JobEnd(_message.Message):
-    __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_digest", "notices", "permanent", "num_slices", "value", "lane", "warm_kept")
+    __slots__ = ("state", "root_cause_host", "hosts", "detail", "result_digest", "notices", "permanent", "num_slices", "value", "lane", "warm_kept", "timeline")
     STATE_FIELD_NUMBER: _ClassVar[int]
     ROOT_CAUSE_HOST_FIELD_NUMBER: _ClassVar[int]
     HOSTS_FIELD_NUMBER: _ClassVar[int]
@@ -641,6 +643,7 @@ class JobEnd(_message.Message):
     VALUE_FIELD_NUMBER: _ClassVar[int]
     LANE_FIELD_NUMBER: _ClassVar[int]
     WARM_KEPT_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
     state: JobState
     root_cause_host: int
     hosts: _containers.RepeatedCompositeFieldContainer[HostReport]
@@ -652,7 +655,22 @@ class JobEnd(_message.Message):
     value: bytes
     lane: DataTicket
     warm_kept: bool
-    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., root_cause_host: _Optional[int] = ..., hosts: _Optional[_Iterable[_Union[HostReport, _Mapping]]] = ..., detail: _Optional[str] = ..., result_digest: _Optional[bytes] = ..., notices: _Optional[_Iterable[str]] = ..., permanent: _Optional[bool] = ..., num_slices: _Optional[int] = ..., value: _Optional[bytes] = ..., lane: _Optional[_Union[DataTicket, _Mapping]] = ..., warm_kept: _Optional[bool] = ...) -> None: ...
+    timeline: _containers.RepeatedCompositeFieldContainer[HostTimes]
+    def __init__(self, state: _Optional[_Union[JobState, str]] = ..., root_cause_host: _Optional[int] = ..., hosts: _Optional[_Iterable[_Union[HostReport, _Mapping]]] = ..., detail: _Optional[str] = ..., result_digest: _Optional[bytes] = ..., notices: _Optional[_Iterable[str]] = ..., permanent: _Optional[bool] = ..., num_slices: _Optional[int] = ..., value: _Optional[bytes] = ..., lane: _Optional[_Union[DataTicket, _Mapping]] = ..., warm_kept: _Optional[bool] = ..., timeline: _Optional[_Iterable[_Union[HostTimes, _Mapping]]] = ...) -> None: ...
+
+class HostTimes(_message.Message):
+    __slots__ = ("host", "worker_started_at", "jax_ready_at", "first_output_at", "ended_at")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    WORKER_STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    JAX_READY_AT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OUTPUT_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    host: int
+    worker_started_at: float
+    jax_ready_at: float
+    first_output_at: float
+    ended_at: float
+    def __init__(self, host: _Optional[int] = ..., worker_started_at: _Optional[float] = ..., jax_ready_at: _Optional[float] = ..., first_output_at: _Optional[float] = ..., ended_at: _Optional[float] = ...) -> None: ...
 
 class Started(_message.Message):
     __slots__ = ("job_id", "pid", "coordinator_address")
