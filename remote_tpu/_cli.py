@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from ._core.exceptions import RemoteTPUError
+from ._core.exceptions import ConfigurationError, RemoteTPUError
 from ._core.addresses import HOSTS_ENV
 from ._core.versions import __version__, local_versions
 from ._cli_jobs import add_parser as add_jobs_parser
@@ -102,6 +102,10 @@ each command's own: remote-tpu COMMAND --help""",
   remote-tpu doctor 10.0.0.2
   remote-tpu doctor                            the slice of $REMOTE_TPU_HOSTS
   remote-tpu doctor 10.0.0.2 10.0.1.2          two slices, and the DCN between them""",
+    "top": """examples:
+  remote-tpu top --hosts 10.0.0.2                   the slice's running job, refreshed
+  remote-tpu top train-3f2a9c0d1e2f --once          one screen
+  remote-tpu top train-3f2a9c0d1e2f --json | jq '.[] | .steps_per_second'""",
     "release": """examples:
   remote-tpu release --hosts 10.0.0.2
   REMOTE_TPU_HOSTS=10.0.0.2 remote-tpu release""",
@@ -111,6 +115,28 @@ each command's own: remote-tpu COMMAND --help""",
 def _command(sub: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:
     return sub.add_parser(name, help=text, description=text, epilog=EPILOGS[name],
                           formatter_class=RawHelp)
+
+
+def _top(args: argparse.Namespace) -> int:
+    from ._jobs import attach, jobs
+    from ._top import top
+
+    if not args.interval > 0:
+        raise ConfigurationError(f"--interval {args.interval:g}: give a number of seconds "
+                                 "above 0")
+    if not args.hosts.strip() and not os.environ.get(HOSTS_ENV, "").strip():
+        raise ConfigurationError(f"which slice? give an agent's address with --hosts, or set "
+                                 f"{HOSTS_ENV}")
+    hosts = _hosts_arg(args.hosts)
+    job_id = args.job_id or next((j.id for j in jobs(hosts) if j.state == "RUNNING"), "")
+    if not job_id:
+        raise ConfigurationError("no job is running on this slice now: give a job id "
+                                 "(`remote-tpu jobs list` shows them)")
+    handle = attach(job_id, hosts)
+    try:
+        return top(handle, args.json, args.once, args.interval)
+    except KeyboardInterrupt:
+        return 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -134,6 +160,17 @@ def parser() -> argparse.ArgumentParser:
                                             "each, slice 0 first (their DCN links are "
                                             "checked too)")
     d.set_defaults(func=_doctor)
+    t = _command(sub, "top", "a running job's hosts, refreshed: state, step and steps/s, "
+                             "CPU, memory, output rate, TPU")
+    t.add_argument("job_id", nargs="?", default="", help="the job (default: the slice's "
+                                                         "running job)")
+    t.add_argument("--hosts", default="", help="an agent address of the slice "
+                                               "(default REMOTE_TPU_HOSTS)")
+    t.add_argument("--json", action="store_true", help="every host's metrics once, as JSON")
+    t.add_argument("--once", action="store_true", help="one screen, not refreshed")
+    t.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                   help="seconds between refreshes (default 1)")
+    t.set_defaults(func=_top)
     r = _command(sub, "release", "end a slice's warm workers (keep_warm) now")
     r.add_argument("--hosts", default="", help="an agent address of the slice "
                                                "(default REMOTE_TPU_HOSTS)")
@@ -147,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if args.command is None:
-        p.error("give a command: run, exec, jobs, doctor, local, release or version "
+        p.error("give a command: run, exec, jobs, top, doctor, local, release or version "
                 "(`remote-tpu --help` says what each does)")
     if args.command == "local":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

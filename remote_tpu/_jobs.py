@@ -286,6 +286,17 @@ class JobHandle(AsFuture):
         self._call("Cancel", pb.JobRef(job_id=self._id), timeout=30)
         return self.wait(30)
 
+    def metrics(self) -> list[dict]:
+        """Every process's metrics now, while the job runs (empty once it has
+        ended): ``host``, ``state``, ``step`` (the last
+        ``remote_tpu.progress(step=)``, if any) and ``steps_per_second``,
+        ``cpu_percent`` (of one core), ``rss_bytes``,
+        ``output_bytes_per_second``, ``tpu`` (``duty_cycle_percent``,
+        ``hbm_used_bytes``, ``hbm_total_bytes``, or a ``note`` saying why
+        there are none) and ``updated_at``: what ``remote-tpu top`` shows."""
+        from ._top import metrics_dicts
+        return metrics_dicts(self._status_reply().metrics)
+
     def stacks(self) -> dict[int, str]:
         """Every host's worker stack now: which host is stuck where."""
         reply = self._call("Stacks", pb.JobRef(job_id=self._id), timeout=30)

@@ -41,6 +41,7 @@ from remote_tpu_agent.gateway.ending import WARM_LOST, JobEnding, forwarded
 from remote_tpu_agent.gateway.preflight import preflight
 from remote_tpu_agent.gateway.stalls import StallWatch, report as stall_report
 from remote_tpu_agent.gateway.timeline import Timeline
+from remote_tpu_agent.gateway.metrics import JobMetrics
 from remote_tpu_agent.gateway.peer_process import RemoteHost
 from remote_tpu_agent.worker.handle import ProcessHandle
 from remote_tpu_agent.worker.run import WorkerRun
@@ -130,6 +131,7 @@ class GatewayJob:
         self._skew = ""                   # the hosts' versions, where they differ
         self._emit_warm = ParkedWakes(self.events, self.n)    # a warm call's events
         self.timeline = Timeline(self.n)
+        self.metrics = JobMetrics(self.n)      # remote-tpu top (``gateway.metrics``)
 
     @property
     def handles(self) -> list[ProcessHandle]:
@@ -322,6 +324,7 @@ class GatewayJob:
             except queue.Empty:
                 item = _STALL_CHECK
             self.timeline.saw(item)
+            self.metrics.saw(item)
             if watch is not None:
                 watch.saw(item)
                 if (quiet := watch.due()) is not None:

@@ -123,6 +123,14 @@ class Scheduler(WarmScheduling):
             return True
         return self.cancel(job_id, reason)
 
+    def metrics(self, job_id: str) -> list[pb.HostMetrics]:
+        """The running job's metrics now (none if it is not running here)."""
+        with self._cond:
+            current = self._current
+        if current and current[0].job_id == job_id and current[1] is not None:
+            return current[1].metrics.snapshot()
+        return []
+
     def stacks(self, job_id: str) -> list[pb.HostStacks] | None:
         with self._cond:
             current = self._current

@@ -35,9 +35,11 @@ class StallWatch:
         self.reported = False          # this quiet spell's report is out
 
     def saw(self, event: object) -> None:
-        """A host's event: output or progress is the job moving."""
-        if isinstance(event, pb.Event) and (event.HasField("output") or
-                                            event.HasField("progress")):
+        """A host's event: output, a step, jax up or a busy worker is the job
+        moving (a look at an idle worker is not)."""
+        if isinstance(event, pb.Event) and (event.HasField("output") or (
+                event.HasField("progress") and (event.progress.busy or event.progress.has_step
+                                                or event.progress.jax_ready))):
             self.last = time.monotonic()
             self.reported = False
 

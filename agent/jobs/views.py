@@ -50,6 +50,15 @@ class JobViews:
                           f"{self.store.keep})")
         return record
 
+    def status(self, job_id: str, context: grpc.ServicerContext,
+               metrics: Callable[[str], list[pb.HostMetrics]]) -> pb.JobStatus:
+        """A job's status; a running one's with its processes' metrics now
+        (``metrics``: the gateway's, ``gateway.metrics``)."""
+        status = status_of(self.known(job_id, context))
+        if status.phase == pb.JOB_PHASE_RUNNING:
+            status.metrics.extend(metrics(status.job_id))
+        return status
+
     def list(self, limit: int, context: grpc.ServicerContext) -> pb.ListJobsReply:
         """Summaries (no final reports), newest first, as many as fit one reply.
         A host that is not its slice's gateway always sends the caller to the

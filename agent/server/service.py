@@ -229,7 +229,7 @@ class AgentService(pb_grpc.AgentServicer):
             self.parts.state_dir, record.spec, self.parts.config.peer_credentials))
 
     def Status(self, request: pb.JobRef, context: grpc.ServicerContext) -> pb.JobStatus:
-        return status_of(self.parts.jobs.known(request.job_id, context))
+        return self.parts.jobs.status(request.job_id, context, self.parts.scheduler.metrics)
 
     def ListJobs(self, request: pb.ListJobsRequest, context: grpc.ServicerContext
                  ) -> pb.ListJobsReply:

@@ -1,4 +1,5 @@
-"""A worker's CPU time, as progress for the gateway's stall watch.
+"""A look at each worker every second or so: its CPU time (progress for the
+gateway's stall watch), its memory and its host's TPU (``remote-tpu top``).
 
 A host whose worker keeps using the CPU (a computation on the host, data
 loading, a compile) is not stalled even when it prints nothing. A worker that
@@ -16,9 +17,12 @@ from collections.abc import Callable
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
+from remote_tpu_agent.worker.tpu_usage import tpu_usage
+
 BUSY_SHARE = 0.05          # of one core, over a look's interval: progress
 LOOK_SECONDS = 1.0         # at most this long between looks (shorter for a short stall_after)
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -32,11 +36,21 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def rss_bytes(pid: int) -> int:
+    """The process's resident memory (0 where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 class CpuWatch:
     """One thread for every watched worker of this agent: each looked at
-    every ``min(LOOK_SECONDS, stall_after / 4)``; a progress event whenever
-    it used at least ``BUSY_SHARE`` of a core since its last look. The thread
-    sleeps while nothing is watched (an idle agent pays nothing)."""
+    every ``min(LOOK_SECONDS, stall_after / 4)``, a progress event each time
+    (``busy`` where it used at least ``BUSY_SHARE`` of a core since the last
+    look). The thread sleeps while nothing is watched (an idle agent pays
+    nothing)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -91,8 +105,9 @@ class CpuWatch:
                     self.forget(key)
                     continue
                 w[2], w[3] = now + every, cpu
-                if last is not None and cpu - last >= BUSY_SHARE * every:
-                    progress(pb.Progress(cpu_seconds=cpu))
+                if last is not None:
+                    progress(pb.Progress(cpu_seconds=cpu, busy=cpu - last >= BUSY_SHARE * every,
+                                         rss_bytes=rss_bytes(pid), tpu=tpu_usage()))
 
 
 CPU = CpuWatch()        # this agent's

@@ -31,7 +31,7 @@ from remote_tpu_agent.worker import child as _worker
 from remote_tpu_agent.worker import frames as wire
 from remote_tpu_agent.worker.call import Call, apply_outcome, unreadable
 from remote_tpu_agent.worker.processes import signal_name, stop_group
-from remote_tpu_agent.worker.progress import CPU
+from remote_tpu_agent.worker.progress import CPU, LOOK_SECONDS
 from remote_tpu_agent.worker.run_output import HeldOutput, WorkerOutput
 from remote_tpu_agent.worker.spares import Spares, spawn
 from remote_tpu_agent.worker.stacks import dump_stacks
@@ -314,9 +314,11 @@ class WorkerRun:
             os.close(self._status_r)
 
     def _watch_cpu(self) -> None:
-        """(stall_after=) The call's CPU, as progress, until it is done."""
-        if self.call.stall_after > 0 and self.proc is not None:
-            CPU.watch(self, self.proc.pid, self.call.stall_after, self._progress)
+        """The worker looked at until the call is done (``worker.progress``:
+        its CPU, progress for stall_after=; its memory, for remote-tpu top)."""
+        if self.proc is not None:
+            CPU.watch(self, self.proc.pid, self.call.stall_after or LOOK_SECONDS * 4,
+                      self._progress)
 
     def _progress(self, progress: pb.Progress) -> None:
         """A progress event for the gateway's stall watch (not while parked:

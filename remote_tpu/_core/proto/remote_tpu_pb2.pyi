@@ -252,7 +252,7 @@ class JobRef(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., data_port: _Optional[bool] = ..., value_in_end: _Optional[bool] = ..., interrupt: _Optional[bool] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "phase", "accelerator", "num_hosts", "created_at", "started_at", "ended_at", "detail", "queued_behind", "queue_position", "existed", "end", "warm_until", "attempts", "num_slices", "stalls")
+    __slots__ = ("job_id", "phase", "accelerator", "num_hosts", "created_at", "started_at", "ended_at", "detail", "queued_behind", "queue_position", "existed", "end", "warm_until", "attempts", "num_slices", "stalls", "metrics")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     ACCELERATOR_FIELD_NUMBER: _ClassVar[int]
@@ -269,6 +269,7 @@ class JobStatus(_message.Message):
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     NUM_SLICES_FIELD_NUMBER: _ClassVar[int]
     STALLS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     phase: JobPhase
     accelerator: str
@@ -285,19 +286,62 @@ class JobStatus(_message.Message):
     attempts: _containers.RepeatedCompositeFieldContainer[Attempt]
     num_slices: int
     stalls: _containers.RepeatedCompositeFieldContainer[StallReport]
-    def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ..., queued_behind: _Optional[str] = ..., queue_position: _Optional[int] = ..., existed: _Optional[bool] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., warm_until: _Optional[float] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., num_slices: _Optional[int] = ..., stalls: _Optional[_Iterable[_Union[StallReport, _Mapping]]] = ...) -> None: ...
+    metrics: _containers.RepeatedCompositeFieldContainer[HostMetrics]
+    def __init__(self, job_id: _Optional[str] = ..., phase: _Optional[_Union[JobPhase, str]] = ..., accelerator: _Optional[str] = ..., num_hosts: _Optional[int] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., ended_at: _Optional[float] = ..., detail: _Optional[str] = ..., queued_behind: _Optional[str] = ..., queue_position: _Optional[int] = ..., existed: _Optional[bool] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., warm_until: _Optional[float] = ..., attempts: _Optional[_Iterable[_Union[Attempt, _Mapping]]] = ..., num_slices: _Optional[int] = ..., stalls: _Optional[_Iterable[_Union[StallReport, _Mapping]]] = ..., metrics: _Optional[_Iterable[_Union[HostMetrics, _Mapping]]] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("cpu_seconds", "has_step", "step", "jax_ready")
+    __slots__ = ("cpu_seconds", "has_step", "step", "jax_ready", "busy", "rss_bytes", "tpu")
     CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     HAS_STEP_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     JAX_READY_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TPU_FIELD_NUMBER: _ClassVar[int]
     cpu_seconds: float
     has_step: bool
     step: int
     jax_ready: bool
-    def __init__(self, cpu_seconds: _Optional[float] = ..., has_step: _Optional[bool] = ..., step: _Optional[int] = ..., jax_ready: _Optional[bool] = ...) -> None: ...
+    busy: bool
+    rss_bytes: int
+    tpu: TpuUsage
+    def __init__(self, cpu_seconds: _Optional[float] = ..., has_step: _Optional[bool] = ..., step: _Optional[int] = ..., jax_ready: _Optional[bool] = ..., busy: _Optional[bool] = ..., rss_bytes: _Optional[int] = ..., tpu: _Optional[_Union[TpuUsage, _Mapping]] = ...) -> None: ...
+
+class TpuUsage(_message.Message):
+    __slots__ = ("duty_cycle_percent", "hbm_used_bytes", "hbm_total_bytes", "note")
+    DUTY_CYCLE_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    HBM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HBM_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    duty_cycle_percent: float
+    hbm_used_bytes: int
+    hbm_total_bytes: int
+    note: str
+    def __init__(self, duty_cycle_percent: _Optional[float] = ..., hbm_used_bytes: _Optional[int] = ..., hbm_total_bytes: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
+
+class HostMetrics(_message.Message):
+    __slots__ = ("host", "state", "has_step", "step", "steps_per_second", "cpu_percent", "rss_bytes", "output_bytes_per_second", "tpu", "updated_at")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    HAS_STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEPS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    TPU_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    host: int
+    state: str
+    has_step: bool
+    step: int
+    steps_per_second: float
+    cpu_percent: float
+    rss_bytes: int
+    output_bytes_per_second: float
+    tpu: TpuUsage
+    updated_at: float
+    def __init__(self, host: _Optional[int] = ..., state: _Optional[str] = ..., has_step: _Optional[bool] = ..., step: _Optional[int] = ..., steps_per_second: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., output_bytes_per_second: _Optional[float] = ..., tpu: _Optional[_Union[TpuUsage, _Mapping]] = ..., updated_at: _Optional[float] = ...) -> None: ...
 
 class StallReport(_message.Message):
     __slots__ = ("at", "quiet_seconds", "odd_hosts", "text", "cancelled")

@@ -1,0 +1,98 @@
+"""Live per-host metrics (remote-tpu top, handle.metrics()): on four real
+agents, a function that reports its steps; top on a pseudo-terminal and in
+--json shows every host and the step rate."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, on_agents, wait_until
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.agents(n=4)]
+
+
+def _steps(seconds):
+    import time
+
+    import remote_tpu
+    step, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.05)                     # about 20 steps a second
+        step += 1
+        remote_tpu.progress(step=step)
+    return step
+
+
+def _top(agents, *args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "remote_tpu", "top", *args,
+                           "--hosts", agents.addresses[0]], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env={**os.environ,
+                                                     "REMOTE_TPU_TOKEN": agents.token}, **kw)
+
+
+def _running(agents, seconds: float):
+    handle = on_agents(agents, "tpu-v4-32")(_steps).submit(seconds)
+    assert wait_until(lambda: len([m for m in handle.metrics() if m["step"]]) == 4,
+                      timeout=60), handle.metrics()
+    return handle
+
+
+def test_top_json_and_handle_metrics_show_every_host_and_its_step_rate(agents):
+    handle = _running(agents, 8)
+    shown = _top(agents, "--json")               # no job id: the slice's running job
+    assert shown.returncode == 0, shown.stderr
+    metrics = json.loads(shown.stdout)
+    assert [m["host"] for m in metrics] == [0, 1, 2, 3]
+    for m in metrics:
+        assert m["state"] == "running" and m["step"] > 0, m
+        assert 5 < m["steps_per_second"] < 40, m
+        assert m["rss_bytes"] > 10 << 20, m
+        assert m["tpu"]["note"] == "no TPU on this host", m
+    assert handle.result() > 0
+    assert handle.metrics() == []                  # over: no live metrics
+    ended = _top(agents, handle.id, "--once")
+    assert ended.returncode == 0 and "(no metrics: the job is not running)" in ended.stdout
+
+
+def test_top_on_a_terminal_refreshes_every_host_until_the_job_ends(agents):
+    handle = _running(agents, 4)
+    main, child = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "remote_tpu", "top", handle.id,
+                             "--interval", "0.5", "--hosts", agents.addresses[0]],
+                            stdin=child, stdout=child, stderr=child, cwd=ROOT,
+                            env={**os.environ, "REMOTE_TPU_TOKEN": agents.token})
+    os.close(child)
+    seen = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([main], [], [], 1.0)
+        if not ready:
+            if proc.poll() is not None:
+                break
+            continue
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:                            # the terminal's other end closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    proc.wait(10)
+    os.close(main)
+    text = seen.decode(errors="replace")
+    assert proc.returncode == 0, text
+    screens = text.split("\x1b[H\x1b[2J")
+    assert len(screens) >= 3, text                  # refreshed while it ran
+    live = next(s for s in screens if "steps/s, slowest host" in s)
+    assert "HOST  STATE" in live
+    for h in range(4):
+        assert f"\r\n{h}     running" in live or f"\n{h}     running" in live, live
+    assert "SUCCEEDED" in screens[-1]                # and it stopped once the job ended
