@@ -243,6 +243,8 @@ def outcome(stream, renderer: OutputRenderer, *, gateway: str, job_id: str,
                 renderer.write(event.host, event.output.stream, event.output.data)
             elif kind == "workers_started" and status is not None:
                 status.started(event.workers_started)
+            elif kind == "metrics" and status is not None:
+                status.stepping(event.metrics.hosts)
             elif kind == "stall":
                 if status is not None:
                     status.close()

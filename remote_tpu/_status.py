@@ -1,7 +1,8 @@
 """What a person sees while a call is in a long phase: a one-line live status
 on a terminal or in a notebook (tqdm draws it: a text line on a terminal, a
 widget or text in Jupyter) — uploading (bytes and rate), queued behind a job,
-starting workers on N hosts, initializing JAX — shown only once a phase has
+starting workers on N hosts, initializing JAX, the steps the function reports
+(``remote_tpu.progress(step=)``: step, steps/s, the slowest host) — shown only once a phase has
 lasted about a second, and gone for good as soon as the function prints or
 the call ends. Nothing at all when stderr is not interactive (CI, pipes), so
 the function's own output is never mixed with it.
@@ -68,6 +69,15 @@ class LiveStatus:
         else:
             self.phase(f"remote_tpu: {self.processes} processes started"
                        f"{', initializing JAX' if self.jax else ''}; no output yet")
+
+    def stepping(self, metrics) -> None:
+        """The steps the function reports (``remote_tpu.progress(step=)``):
+        "step 1200, 3.1 steps/s, slowest host 5" (``metrics``: every
+        process's ``HostMetrics``)."""
+        from ._top import summary
+
+        if line := summary(metrics):
+            self.phase(f"remote_tpu: running: {line}")
 
     def close(self) -> None:
         """Gone for good: the function prints, or the call ended."""

@@ -164,7 +164,8 @@ class GatewayRole:
         try:
             if warm is not None:
                 self._start_here(record, warm)
-            yield from watch(record, hosts, [], follow=True, context=context, with_end=False)
+            yield from watch(record, hosts, [], follow=True, context=context, with_end=False,
+                             metrics=lambda: self.scheduler.metrics(record.job_id))
             yield from result_events(record, self._host.data_port()
                                      if spec.result_over_data_port else None,
                                      spec.value_in_end)

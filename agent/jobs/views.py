@@ -7,6 +7,7 @@ import heapq
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -84,12 +85,15 @@ class JobViews:
 
 
 def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
-          context: grpc.ServicerContext, with_end: bool, since: float = 0.0
-          ) -> Iterator[pb.Event]:
+          context: grpc.ServicerContext, with_end: bool, since: float = 0.0,
+          metrics: Callable[[], list[pb.HostMetrics]] | None = None) -> Iterator[pb.Event]:
     """Every host's output from its offset to the end of its log: without
     ``follow`` the end as it is now, with it the job's end (every byte written
     before the job finished is sent before the end); only what was stored
-    from ``since`` on, where its time is known."""
+    from ``since`` on, where its time is known. ``metrics`` (an attached
+    caller's): the job's metrics, sent about once a second while some process
+    reports its steps (for the caller's status line)."""
+    sent_metrics = time.monotonic()
     position = {h: (offsets[i] if i < len(offsets) else 0) for i, h in enumerate(hosts)}
     when = dict.fromkeys(hosts, 0.0)    # each host's last time mark read (host_log)
     # Without follow, a running job's logs are read up to where they end now.
@@ -108,6 +112,12 @@ def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
         for stall in new_stalls if follow else []:
             stalls += 1
             yield pb.Event(host=0, stall=stall)
+        if metrics is not None and not finished and \
+                time.monotonic() - sent_metrics >= METRICS_SECONDS:
+            sent_metrics = time.monotonic()
+            now = metrics()
+            if any(m.has_step for m in now):
+                yield pb.Event(host=0, metrics=pb.MetricsNow(hosts=now))
         sent = False
         for h in hosts:
             if stop is not None and position[h] >= stop[h]:
@@ -132,6 +142,9 @@ def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
             return
         with record.changed:
             record.changed.wait_for(lambda: record.version != version, timeout=1.0)
+
+
+METRICS_SECONDS = 1.0       # between two metrics events to an attached caller
 
 
 def merged(record: JobRecord, hosts: list[int], since: float = 0.0) -> Iterator[pb.Event]:

@@ -4,12 +4,15 @@ agents, a function that reports its steps; top on a pseudo-terminal and in
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import select
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -96,3 +99,42 @@ def test_top_on_a_terminal_refreshes_every_host_until_the_job_ends(agents):
     for h in range(4):
         assert f"\r\n{h}     running" in live or f"\n{h}     running" in live, live
     assert "SUCCEEDED" in screens[-1]                # and it stopped once the job ended
+
+
+def test_an_attached_calls_status_line_shows_the_steps_and_the_slowest_host(agents, tmp_path):
+    """A call on a terminal whose function reports steps and prints nothing:
+    its live status line says where the job is."""
+    script = tmp_path / "steps.py"
+    script.write_text(
+        "import remote_tpu, time\n"
+        f"@remote_tpu.run(accelerator='tpu-v4-32', hosts={agents.addresses[0]!r}, "
+        f"token={agents.token!r})\n"
+        "def steps():\n"
+        "    import jax, time, remote_tpu\n"
+        "    pause = 0.2 if jax.process_index() == 2 else 0.05\n"
+        "    for step in range(1, 10**9):\n"
+        "        time.sleep(pause)\n"
+        "        remote_tpu.progress(step=step)\n"
+        "        if step * pause > 6:\n"
+        "            return step\n"
+        "print('returned', steps())\n")
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 160 columns
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.DEVNULL,
+                            stdout=child, stderr=child, cwd=ROOT)
+    os.close(child)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([main], [], [], 60)
+        try:
+            chunk = os.read(main, 65536) if ready else b""
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        seen += chunk
+    proc.wait(30)
+    os.close(main)
+    text = seen.decode(errors="replace")
+    assert proc.returncode == 0 and "returned" in text, text
+    assert "remote_tpu: running: step " in text and "steps/s, slowest host 2" in text, text

@@ -319,6 +319,12 @@ class TpuUsage(_message.Message):
     note: str
     def __init__(self, duty_cycle_percent: _Optional[float] = ..., hbm_used_bytes: _Optional[int] = ..., hbm_total_bytes: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
 
+class MetricsNow(_message.Message):
+    __slots__ = ("hosts",)
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    hosts: _containers.RepeatedCompositeFieldContainer[HostMetrics]
+    def __init__(self, hosts: _Optional[_Iterable[_Union[HostMetrics, _Mapping]]] = ...) -> None: ...
+
 class HostMetrics(_message.Message):
     __slots__ = ("host", "state", "has_step", "step", "steps_per_second", "cpu_percent", "rss_bytes", "output_bytes_per_second", "tpu", "updated_at")
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -727,7 +733,7 @@ class Started(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., pid: _Optional[int] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("host", "started", "output", "done", "exited", "result_chunk", "end", "queued", "result_size", "workers_started", "result_ticket", "lane", "progress", "stall")
+    __slots__ = ("host", "started", "output", "done", "exited", "result_chunk", "end", "queued", "result_size", "workers_started", "result_ticket", "lane", "progress", "stall", "metrics")
     HOST_FIELD_NUMBER: _ClassVar[int]
     STARTED_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
@@ -742,6 +748,7 @@ class Event(_message.Message):
     LANE_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     STALL_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     host: int
     started: Started
     output: Output
@@ -756,7 +763,8 @@ class Event(_message.Message):
     lane: DataTicket
     progress: Progress
     stall: StallReport
-    def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., queued: _Optional[_Union[JobStatus, _Mapping]] = ..., result_size: _Optional[int] = ..., workers_started: _Optional[int] = ..., result_ticket: _Optional[_Union[DataTicket, _Mapping]] = ..., lane: _Optional[_Union[DataTicket, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., stall: _Optional[_Union[StallReport, _Mapping]] = ...) -> None: ...
+    metrics: MetricsNow
+    def __init__(self, host: _Optional[int] = ..., started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., done: _Optional[_Union[HostReport, _Mapping]] = ..., exited: _Optional[_Union[HostReport, _Mapping]] = ..., result_chunk: _Optional[bytes] = ..., end: _Optional[_Union[JobEnd, _Mapping]] = ..., queued: _Optional[_Union[JobStatus, _Mapping]] = ..., result_size: _Optional[int] = ..., workers_started: _Optional[int] = ..., result_ticket: _Optional[_Union[DataTicket, _Mapping]] = ..., lane: _Optional[_Union[DataTicket, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., stall: _Optional[_Union[StallReport, _Mapping]] = ..., metrics: _Optional[_Union[MetricsNow, _Mapping]] = ...) -> None: ...
 
 class OutputsRequest(_message.Message):
     __slots__ = ("job_id", "this_host")
