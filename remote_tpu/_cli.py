@@ -11,6 +11,7 @@ import sys
 from ._core.exceptions import ConfigurationError, RemoteTPUError
 from ._core.addresses import HOSTS_ENV
 from ._core.versions import __version__, local_versions
+from ._cli_cloud import add_parsers as add_cloud_parsers
 from ._cli_jobs import add_parser as add_jobs_parser
 from ._cli_run import add_parsers, hosts_arg as _hosts_arg
 
@@ -177,6 +178,7 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_release)
     add_jobs_parser(sub)
     add_parsers(sub)
+    add_cloud_parsers(sub)
     return p
 
 
@@ -184,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if args.command is None:
-        p.error("give a command: run, exec, jobs, top, doctor, local, release or version "
+        p.error("give a command: run, exec, jobs, top, doctor, local, release, up, down, "
+                "slices or version "
                 "(`remote-tpu --help` says what each does)")
     if args.command == "local":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -359,7 +359,7 @@ def _from_env(name: str) -> str | None:
 # options' (from the table) and these.
 OTHER_VARIABLES = frozenset({
     "REMOTE_TPU_REQUIRE_TLS", "REMOTE_TPU_TPU_API", "REMOTE_TPU_SHOW_SDK_FRAMES",
-    "REMOTE_TPU_DEPS", "REMOTE_TPU_PYTHON", "REMOTE_TPU_AGENT_LOG",
+    "REMOTE_TPU_DEPS", "REMOTE_TPU_PYTHON", "REMOTE_TPU_AGENT_LOG", "REMOTE_TPU_UP_POLL_SECONDS",
     # set by an agent for its workers and the function (and REMOTE_TPU_ACCELERATOR)
     "REMOTE_TPU_JOB_ID", "REMOTE_TPU_HOST_INDEX",
     "REMOTE_TPU_PROCESS_INDEX", "REMOTE_TPU_NUM_HOSTS", "REMOTE_TPU_SLICE_ID",
