@@ -138,3 +138,26 @@ def test_an_attached_calls_status_line_shows_the_steps_and_the_slowest_host(agen
     text = seen.decode(errors="replace")
     assert proc.returncode == 0 and "returned" in text, text
     assert "remote_tpu: running: step " in text and "steps/s, slowest host 2" in text, text
+
+
+def test_the_merged_log_of_four_hosts_printing_at_once_keeps_each_hosts_order(agents):
+    """Four hosts print interleaved lines as fast as they can: the merged log
+    (handle.logs(host="all")) has every line, each host's in its own order."""
+    def chatter():
+        import os
+        import time
+        i = int(os.environ["REMOTE_TPU_HOST_INDEX"])
+        for n in range(300):
+            print(f"host {i} line {n}", flush=n % 7 == 0)
+            if n % 50 == 0:
+                time.sleep(0.02)
+    handle = on_agents(agents, "tpu-v4-32", stream="none")(chatter).submit()
+    handle.result()
+    merged = handle.logs(host="all").splitlines()
+    assert len(merged) == 4 * 300
+    for h in range(4):
+        mine = [line for line in merged if line.startswith(f"[host {h}] ")]
+        assert mine == [f"[host {h}] host {h} line {n}" for n in range(300)]
+    hosts_in_order = [line.split("]")[0] for line in merged]
+    switches = sum(a != b for a, b in zip(hosts_in_order, hosts_in_order[1:]))
+    assert switches >= 4, "the hosts' lines were not merged, only put one after another"
