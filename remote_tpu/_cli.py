@@ -122,9 +122,9 @@ def _top(args: argparse.Namespace) -> int:
     from ._jobs import attach, jobs
     from ._top import top
 
-    if not args.interval > 0:
+    if not 0 < args.interval <= 3600:
         raise ConfigurationError(f"--interval {args.interval:g}: give a number of seconds "
-                                 "above 0")
+                                 "above 0, up to 3600")
     if not args.hosts.strip() and not os.environ.get(HOSTS_ENV, "").strip():
         raise ConfigurationError(f"which slice? give an agent's address with --hosts, or set "
                                  f"{HOSTS_ENV}")

@@ -216,7 +216,7 @@ def print_stalls(status: pb.JobStatus) -> None:
     """Each stall report of the job, with its local time; or that there was none."""
     if not status.stalls:
         print(f"job {status.job_id}: no stall was seen (a stall: no host made progress for "
-              "stall_after= seconds, 300 by default)")
+              "stall_after= seconds: 300 unless the call set another, or turned it off)")
         return
     for stall in status.stalls:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stall.at))

@@ -47,7 +47,7 @@ def _tpu(t: pb.TpuUsage) -> str:
 def summary(metrics: Sequence[pb.HostMetrics]) -> str:
     """The whole job in a line: the lowest step (its host: the slowest), the
     steps per second; "" where no host reports steps."""
-    stepping = [m for m in metrics if m.has_step]
+    stepping = [m for m in metrics if m.has_step and m.state == "running"]
     if not stepping:
         return ""
     slowest = min(stepping, key=lambda m: (m.step, m.host))
@@ -90,6 +90,6 @@ def top(handle, as_json: bool, once: bool, interval: float) -> int:
         status = handle._status_reply()
         sys.stdout.write((_CLEAR if live else "") + table(status))
         sys.stdout.flush()
-        if not live or status.phase != pb.JOB_PHASE_RUNNING:
+        if not live or status.phase not in (pb.JOB_PHASE_QUEUED, pb.JOB_PHASE_RUNNING):
             return 0
         time.sleep(interval)

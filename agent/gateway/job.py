@@ -62,6 +62,7 @@ _STALL_CHECK = object()         # stall_after=: no event came for a while; look
 class _Stalled:
     report: pb.StallReport
     stacks: list[pb.HostStacks]
+    since: float               # the quiet spell's start (``StallWatch.quiet_since``)
 
 
 @dataclasses.dataclass
@@ -308,13 +309,14 @@ class GatewayJob:
 
     def _main_loop(self) -> Iterator[pb.Event]:
         after = self.spec.stall_after_seconds
-        yield from self._events(StallWatch(after) if after > 0 else None)
+        starting = 0 if self.reuse else self.n        # (a warm call's workers are up)
+        yield from self._events(StallWatch(after, starting) if after > 0 else None)
 
-    def _stall_report(self, quiet: float) -> None:
+    def _stall_report(self, quiet: float, since: float) -> None:
         """(A thread of its own: the stacks take up to a second.)"""
         stacks = self.stacks()
         self.events.put(_Stalled(stall_report(self.spec.job_id, quiet, stacks,
-                                              self.spec.cancel_on_stall), stacks))
+                                              self.spec.cancel_on_stall), stacks, since))
 
     def _events(self, watch: StallWatch | None) -> Iterator[pb.Event]:
         end = self.end
@@ -328,11 +330,13 @@ class GatewayJob:
             if watch is not None:
                 watch.saw(item)
                 if (quiet := watch.due()) is not None:
-                    threading.Thread(target=self._stall_report, args=(quiet,), daemon=True,
-                                     name="stall-report").start()
+                    threading.Thread(target=self._stall_report, daemon=True,
+                                     args=(quiet, watch.quiet_since), name="stall-report").start()
             if item is _STALL_CHECK:
                 continue
             if isinstance(item, _Stalled):
+                if watch is not None and watch.moved_since(item.since):
+                    continue           # it moved while the stacks were taken: no stall
                 yield pb.Event(host=0, stall=item.report)
                 if item.report.cancelled:
                     yield from end.stalled(item.report, item.stacks)

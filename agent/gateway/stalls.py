@@ -20,42 +20,58 @@ from remote_tpu._core.limits import cut_text
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 REPORT_CHARS = 16 * 1024     # a report's text, as the caller sees it
-STALLS_KEPT = 8              # reports kept in a job's record
+STALLS_KEPT = 8              # reports kept in a job's record: the first and the newest
 SHOWN_FRAMES = 8             # innermost frames shown of each place
 
 
 class StallWatch:
     """When the job last moved; ``every``: how often the job's loop looks
-    (a second, or a quarter of ``after`` if shorter)."""
+    (a second, or a quarter of ``after`` if shorter). ``starting``: processes
+    whose worker has yet to start (a cold job's: the watch begins once all
+    have, so that a peer preparing at length, an install say, while process
+    0 waits in ``jax.distributed``, is no stall)."""
 
-    def __init__(self, after: float) -> None:
+    def __init__(self, after: float, starting: int = 0) -> None:
         self.after = after
         self.every = min(1.0, max(after / 4, 0.05))
         self.last = time.monotonic()
-        self.reported = False          # this quiet spell's report is out
+        self.starting = starting
+        self.reported = False          # this quiet spell's report is out (or on its way)
+        self.quiet_since = 0.0         # when the spell being reported began
 
     def saw(self, event: object) -> None:
         """A host's event: output, a step, jax up or a busy worker is the job
-        moving (a look at an idle worker is not)."""
-        if isinstance(event, pb.Event) and (event.HasField("output") or (
+        moving (a look at an idle worker is not); a worker started, too."""
+        if not isinstance(event, pb.Event):
+            return
+        if event.HasField("started"):
+            self.starting = max(0, self.starting - 1)
+        elif not (event.HasField("output") or (
                 event.HasField("progress") and (event.progress.busy or event.progress.has_step
                                                 or event.progress.jax_ready))):
-            self.last = time.monotonic()
-            self.reported = False
+            return
+        self.last = time.monotonic()
+        self.reported = False
 
     def due(self) -> float | None:
         """The quiet so far, once it reached ``after`` (once per spell)."""
         quiet = time.monotonic() - self.last
-        if self.reported or quiet < self.after:
+        if self.starting or self.reported or quiet < self.after:
             return None
-        self.reported = True
+        self.reported, self.quiet_since = True, self.last
         return quiet
+
+    def moved_since(self, since: float) -> bool:
+        """Whether the job moved after ``since`` (a report taken meanwhile is stale)."""
+        return self.last > since
 
 
 def _main_frames(text: str) -> tuple[str, ...]:
     """The frames (innermost first, as faulthandler writes them) of the
-    worker's main thread, which runs the function (the one that starts at a
-    module's top level); the whole text where there is none."""
+    worker's main thread, which runs the function: the thread that starts in
+    runpy (the worker is ``python -m``), else the last one listed with a
+    module's top level (faulthandler lists the newest thread first); the
+    whole text where there is none."""
     threads: list[list[str]] = []
     for line in text.splitlines():
         if line.startswith(("Thread 0x", "Current thread 0x")):
@@ -63,9 +79,12 @@ def _main_frames(text: str) -> tuple[str, ...]:
         elif line.startswith("  File ") and threads:
             threads[-1].append(line.strip())
     for frames in threads:
+        if frames and frames[-1].endswith(" in _run_module_as_main"):
+            return tuple(frames)
+    for frames in reversed(threads):
         if any(f.endswith(" in <module>") for f in frames):
             return tuple(frames)
-    return (text.strip(),)
+    return tuple(threads[-1]) if threads else (text.strip(),)
 
 
 def _names(hosts: Sequence[int]) -> str:
@@ -106,7 +125,10 @@ def report(job_id: str, quiet: float, stacks: Sequence[pb.HostStacks],
     lines = [f"job {job_id} stalled: no host made progress for {quiet:.0f} s (no output, no "
              "remote_tpu.progress(), no CPU use by any worker); every process's stack, "
              "taken at once:"]
-    if len(ranked) == 1:
+    if len(stacks) == 1:
+        lines.append(f"{_names(ranked[0][1])} is at:")
+        lines += _shown(ranked[0][0])
+    elif len(ranked) == 1:
         lines.append(f"every host is at the same place ({_names(ranked[0][1])}):")
         lines += _shown(ranked[0][0])
     elif usual is None:

@@ -100,11 +100,12 @@ class JobRecord:
                 self.touch()
 
     def add_stall(self, stall: pb.StallReport, kept: int) -> None:
-        """A stall report (``gateway.stalls``): kept (the first ``kept``) and
-        saved with the job, its followers woken."""
+        """A stall report (``gateway.stalls``): kept with the job (at most
+        ``kept``: the first half and the newest), saved, its followers woken
+        (they send what is newer than what they sent: ``jobs.views``)."""
         with self.changed:
             if len(self.status.stalls) >= kept:
-                return
+                del self.status.stalls[kept // 2]
             self.status.stalls.append(stall)
             self.touch()
         self.store.save(self)

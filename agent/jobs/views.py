@@ -4,6 +4,7 @@ result, the list. Everything comes from the job store; nothing here runs jobs.""
 from __future__ import annotations
 
 import heapq
+import logging
 import os
 import socket
 import threading
@@ -21,6 +22,8 @@ from remote_tpu_agent.wire.discovery import Slice
 from remote_tpu_agent.jobs.host_log import TIME_MARK, time_of
 from remote_tpu_agent.jobs.requests import abort, gateway_redirect, valid_job_id
 from remote_tpu_agent.jobs.store import JobRecord, JobStore
+
+log = logging.getLogger(__name__)
 
 
 def status_of(record: JobRecord) -> pb.JobStatus:
@@ -99,23 +102,27 @@ def watch(record: JobRecord, hosts: list[int], offsets: list[int], follow: bool,
     # Without follow, a running job's logs are read up to where they end now.
     stop = None if follow or record.finished else {h: record.log(h).end() for h in hosts}
     told = 0                      # workers started, as the follower was told
-    stalls = len(record.status.stalls) if not follow else 0   # reports sent
+    stalls_sent = 0.0                # the newest stall report sent (its time)
     while context.is_active():
         with record.changed:
             finished = record.finished
             version = record.version
             started = record.workers_started
-            new_stalls = list(record.status.stalls[stalls:])
+            new_stalls = [s for s in record.status.stalls if s.at > stalls_sent]
         if follow and started != told and not finished:
             told = started
             yield pb.Event(host=0, workers_started=started)
         for stall in new_stalls if follow else []:
-            stalls += 1
+            stalls_sent = stall.at
             yield pb.Event(host=0, stall=stall)
         if metrics is not None and not finished and \
                 time.monotonic() - sent_metrics >= METRICS_SECONDS:
             sent_metrics = time.monotonic()
-            now = metrics()
+            try:
+                now = metrics()
+            except Exception:  # noqa: BLE001 - figures for a status line: never the call's end
+                log.exception("job %s: its metrics could not be read", record.job_id)
+                now = []
             if any(m.has_step for m in now):
                 yield pb.Event(host=0, metrics=pb.MetricsNow(hosts=now))
         sent = False

@@ -373,6 +373,7 @@ def _report_progress_to(status_fd: int) -> None:
     def forked() -> None:           # a fork's copy of the lock may be held
         global _status_lock
         _status_lock = threading.Lock()
+        progress.forget_in_child()
     os.register_at_fork(after_in_child=forked)
     progress._sink = sink
 

@@ -5,11 +5,13 @@ A host whose worker keeps using the CPU (a computation on the host, data
 loading, a compile) is not stalled even when it prints nothing. A worker that
 only waits (in a sleep, on a lock, in a collective that blocks, on a TPU step
 that barely touches the host's CPU) uses almost none. What this cannot tell
-apart: a worker spinning in a busy loop, or a collective that polls, looks busy.
+apart: a worker spinning in a busy loop, or a collective that polls, looks busy. The CPU counted is the worker's and that of every process under it
+(a data loader's workers, a compiler).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -19,21 +21,51 @@ from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 from remote_tpu_agent.worker.tpu_usage import tpu_usage
 
+log = logging.getLogger(__name__)
+
 BUSY_SHARE = 0.05          # of one core, over a look's interval: progress
 LOOK_SECONDS = 1.0         # at most this long between looks (shorter for a short stall_after)
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """The process's CPU time so far (user and system), or None where it
-    cannot be read (gone; not Linux)."""
+def _own_cpu(pid: int) -> tuple[float, list[int]] | None:
+    """(CPU seconds of the process and of its children it has waited for,
+    its live children), or None where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS     # utime, stime
+        cpu = sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICKS  # utime stime cutime cstime
     except (OSError, IndexError, ValueError):
         return None
+    children: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                children += [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        pass                        # (no children files here: the process alone)
+    return cpu, children
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time so far of the process and every process under it (a data
+    loader's, a compiler's), or None where the process cannot be read (gone;
+    not Linux)."""
+    own = _own_cpu(pid)
+    if own is None:
+        return None
+    total, todo, seen = own[0], list(own[1]), {pid}
+    while todo and len(seen) < 4096:
+        child = todo.pop()
+        if child in seen:
+            continue
+        seen.add(child)
+        found = _own_cpu(child)
+        if found is not None:
+            total += found[0]
+            todo += found[1]
+    return total
 
 
 def rss_bytes(pid: int) -> int:
@@ -97,17 +129,24 @@ class CpuWatch:
                     self._cond.wait(max(wait, 0.01))
                 continue
             for key, w in due:
-                pid, every, _, last, progress = w
-                if progress is None:
-                    continue
-                cpu = cpu_seconds(pid)
-                if cpu is None:
-                    self.forget(key)
-                    continue
-                w[2], w[3] = now + every, cpu
-                if last is not None:
-                    progress(pb.Progress(cpu_seconds=cpu, busy=cpu - last >= BUSY_SHARE * every,
-                                         rss_bytes=rss_bytes(pid), tpu=tpu_usage()))
+                try:
+                    self._look(key, w, now)
+                except Exception:  # noqa: BLE001 - one look's failure stops no other
+                    log.exception("a look at worker %s failed", w[0])
+                    w[2] = now + w[1]
+
+    def _look(self, key: object, w: list, now: float) -> None:
+        pid, every, _, last, progress = w
+        if progress is None:
+            return
+        cpu = cpu_seconds(pid)
+        if cpu is None:
+            self.forget(key)
+            return
+        w[2], w[3] = now + every, cpu
+        if last is not None:
+            progress(pb.Progress(cpu_seconds=cpu, busy=cpu - last >= BUSY_SHARE * every,
+                                 rss_bytes=rss_bytes(pid), tpu=tpu_usage()))
 
 
 CPU = CpuWatch()        # this agent's

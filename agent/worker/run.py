@@ -305,8 +305,12 @@ class WorkerRun:
                 elif kind == wire.JAX_READY:
                     self._progress(pb.Progress(jax_ready=True))
                 elif kind == wire.PROGRESS:
-                    self._progress(pb.Progress(has_step="step" in header,
-                                               step=int(header.get("step", 0))))
+                    try:
+                        progress = pb.Progress(has_step="step" in header,
+                                               step=int(header.get("step", 0)))
+                    except (TypeError, ValueError):          # (checked in the worker)
+                        continue
+                    self._progress(progress)
                 elif kind == wire.DONE:
                     self._output.flush()
                     self._on_done(header, blob)

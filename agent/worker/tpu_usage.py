@@ -6,21 +6,28 @@ holds the TPU); otherwise a note that says why there are no figures."""
 from __future__ import annotations
 
 import glob
+import threading
 import time
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 _EVERY = 2.0             # seconds a reading is reused (one per host, whatever the workers)
 _last: tuple[float, pb.TpuUsage] | None = None
+_reader: threading.Thread | None = None
+_reader_lock = threading.Lock()
+_NO_TPU = pb.TpuUsage(note="no TPU on this host")
+
+
+_HAS_TPU: list[bool] = []       # looked for once
 
 
 def _has_tpu() -> bool:
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+    if not _HAS_TPU:
+        _HAS_TPU.append(bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")))
+    return _HAS_TPU[0]
 
 
 def _read() -> pb.TpuUsage:
-    if not _has_tpu():
-        return pb.TpuUsage(note="no TPU on this host")
     try:
         from tpu_info import device, metrics
     except ImportError:
@@ -39,9 +46,25 @@ def _read() -> pb.TpuUsage:
 
 
 def tpu_usage() -> pb.TpuUsage:
-    """The newest reading (at most ``_EVERY`` seconds old)."""
+    """The newest reading, at once: a thread of its own reads the TPU every
+    ``_EVERY`` seconds (libtpu's metrics service may be slow or hang; the
+    looks at the workers must not wait for it)."""
+    global _reader
+    if not _has_tpu():
+        return _NO_TPU
+    with _reader_lock:
+        if _reader is None:
+            _reader = threading.Thread(target=_read_forever, daemon=True, name="tpu-usage")
+            _reader.start()
+    return _last[1] if _last is not None else pb.TpuUsage(note="reading the TPU's metrics")
+
+
+def _read_forever() -> None:
     global _last
-    now = time.monotonic()
-    if _last is None or now - _last[0] > _EVERY:
-        _last = (now, _read())
-    return _last[1]
+    while True:
+        try:
+            reading = _read()
+        except Exception as exc:  # noqa: BLE001 - said in the note
+            reading = pb.TpuUsage(note=f"the TPU's metrics could not be read: {exc}"[:200])
+        _last = (time.monotonic(), reading)
+        time.sleep(_EVERY)

@@ -43,7 +43,8 @@ def _top(agents, *args: str, **kw) -> subprocess.CompletedProcess:
 
 def _running(agents, seconds: float):
     handle = on_agents(agents, "tpu-v4-32")(_steps).submit(seconds)
-    assert wait_until(lambda: len([m for m in handle.metrics() if m["step"]]) == 4,
+    assert wait_until(lambda: len([m for m in handle.metrics()
+                                   if m["step"] and m["steps_per_second"] > 0]) == 4,
                       timeout=60), handle.metrics()
     return handle
 
@@ -56,7 +57,7 @@ def test_top_json_and_handle_metrics_show_every_host_and_its_step_rate(agents):
     assert [m["host"] for m in metrics] == [0, 1, 2, 3]
     for m in metrics:
         assert m["state"] == "running" and m["step"] > 0, m
-        assert 5 < m["steps_per_second"] < 40, m
+        assert 2 < m["steps_per_second"] < 40, m         # about 20, less on a busy machine
         assert m["rss_bytes"] > 10 << 20, m
         assert m["tpu"]["note"] == "no TPU on this host", m
     assert handle.result() > 0

@@ -300,6 +300,6 @@ def test_stall_after_is_on_by_default_and_says_what_it_takes(monkeypatch):
 def test_progress_outside_a_call_does_nothing_and_checks_its_step():
     remote_tpu.progress()
     remote_tpu.progress(step=3)
-    for bad in (-1, 1.5, True, "7"):
+    for bad in (-1, 1.5, True, "7", 2 ** 63):
         with pytest.raises(remote_tpu.ConfigurationError, match="whole number >= 0"):
             remote_tpu.progress(step=bad)
