@@ -41,6 +41,30 @@ def _top(agents, *args: str, **kw) -> subprocess.CompletedProcess:
                                                      "REMOTE_TPU_TOKEN": agents.token}, **kw)
 
 
+def _on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run ``argv`` with its stdout and stderr on a pseudo-terminal of 160
+    columns: its exit status and all it wrote."""
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=child, stderr=child,
+                            cwd=ROOT, env=env)
+    os.close(child)
+    seen = b""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([main], [], [], 1.0)
+        try:
+            chunk = os.read(main, 65536) if ready else b""
+        except OSError:                            # the terminal's other end closed
+            chunk = b""
+        if not chunk and (ready or proc.poll() is not None):
+            break
+        seen += chunk
+    proc.wait(30)
+    os.close(main)
+    return proc.returncode, seen.decode(errors="replace")
+
+
 def _running(agents, seconds: float):
     handle = on_agents(agents, "tpu-v4-32")(_steps).submit(seconds)
     assert wait_until(lambda: len([m for m in handle.metrics()
@@ -68,31 +92,10 @@ def test_top_json_and_handle_metrics_show_every_host_and_its_step_rate(agents):
 
 def test_top_on_a_terminal_refreshes_every_host_until_the_job_ends(agents):
     handle = _running(agents, 4)
-    main, child = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "remote_tpu", "top", handle.id,
-                             "--interval", "0.5", "--hosts", agents.addresses[0]],
-                            stdin=child, stdout=child, stderr=child, cwd=ROOT,
-                            env={**os.environ, "REMOTE_TPU_TOKEN": agents.token})
-    os.close(child)
-    seen = b""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([main], [], [], 1.0)
-        if not ready:
-            if proc.poll() is not None:
-                break
-            continue
-        try:
-            chunk = os.read(main, 65536)
-        except OSError:                            # the terminal's other end closed
-            break
-        if not chunk:
-            break
-        seen += chunk
-    proc.wait(10)
-    os.close(main)
-    text = seen.decode(errors="replace")
-    assert proc.returncode == 0, text
+    returncode, text = _on_a_terminal([sys.executable, "-m", "remote_tpu", "top", handle.id,
+                                       "--interval", "0.5", "--hosts", agents.addresses[0]],
+                                      {**os.environ, "REMOTE_TPU_TOKEN": agents.token})
+    assert returncode == 0, text
     screens = text.split("\x1b[H\x1b[2J")
     assert len(screens) >= 3, text                  # refreshed while it ran
     live = next(s for s in screens if "steps/s, slowest host" in s)
@@ -119,25 +122,8 @@ def test_an_attached_calls_status_line_shows_the_steps_and_the_slowest_host(agen
         "        if step * pause > 6:\n"
         "            return step\n"
         "print('returned', steps())\n")
-    main, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 160 columns
-    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.DEVNULL,
-                            stdout=child, stderr=child, cwd=ROOT)
-    os.close(child)
-    seen = b""
-    while True:
-        ready, _, _ = select.select([main], [], [], 60)
-        try:
-            chunk = os.read(main, 65536) if ready else b""
-        except OSError:
-            chunk = b""
-        if not chunk:
-            break
-        seen += chunk
-    proc.wait(30)
-    os.close(main)
-    text = seen.decode(errors="replace")
-    assert proc.returncode == 0 and "returned" in text, text
+    returncode, text = _on_a_terminal([sys.executable, str(script)], dict(os.environ))
+    assert returncode == 0 and "returned" in text, text
     assert "remote_tpu: running: step " in text and "steps/s, slowest host 2" in text, text
 
 
