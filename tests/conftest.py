@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -163,13 +164,36 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free on every address (each held until all are
-    chosen): tests beside this one, on other workers, bind 127.0.0.x too."""
-    socks = [socket.socket() for _ in range(n)]
+def _below_ephemeral() -> range:
+    """Ports under the kernel's ephemeral range: no outgoing connection and no
+    bind to port 0 (every agent a test starts itself) ever takes one."""
     try:
-        for s in socks:
-            s.bind(("0.0.0.0", 0))
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(max(1024, low - 12000), low)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on every address now (each held until all
+    are chosen), for something a test starts later on them. Drawn from below
+    the ephemeral range: on two test workers, a port chosen there stayed free
+    until its agent came up, where one of the kernel's own could be taken
+    meanwhile by a connection of the other worker's."""
+    socks: list[socket.socket] = []
+    candidates = _below_ephemeral()
+    try:
+        for _ in range(200 * n):
+            if len(socks) == n:
+                break
+            s = socket.socket()
+            try:
+                s.bind(("0.0.0.0", random.choice(candidates) if len(candidates) > 1000 else 0))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
