@@ -20,7 +20,7 @@ def _one_line(text: str, limit: int = 160) -> str:
 
 
 def _events(status: pb.JobStatus) -> list[tuple[float, str]]:
-    events = [(status.created_at, "queued")]
+    events = [(status.created_at, "queued (its function and arguments had arrived)")]
     for a in status.attempts:
         if a.started_at:
             events.append((a.started_at, f"attempt {a.number} started"))
@@ -49,7 +49,9 @@ def _events(status: pb.JobStatus) -> list[tuple[float, str]]:
             cause = " (the first failure: the root cause)" if h == end.root_cause_host else ""
             what = f": {_one_line(report.detail)}" if report is not None and report.detail \
                 and report.state != pb.HOST_STATE_SUCCEEDED else ""
-            events.append((times.ended_at, f"host {h}: {word}{cause}{what}"))
+            took = (f" after {times.ended_at - times.worker_started_at:.3f} s"
+                    if times.worker_started_at else "")
+            events.append((times.ended_at, f"host {h}: {word}{cause}{took}{what}"))
     for stall in status.stalls:
         odd = ", ".join(map(str, stall.odd_hosts))
         events.append((stall.at, f"stalled: no progress for {stall.quiet_seconds:.0f} s"

@@ -4,6 +4,7 @@ retried and a cancelled job, from the job's record, on two real agents."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -55,6 +56,8 @@ def test_a_failed_jobs_story_names_the_first_failure_in_time_order(agents):
     _in_order(events, "host 1: first output",
               "host 1: failed (the first failure: the root cause)", "ended FAILED")
     assert any(e.startswith("host 0: cancelled") for e in events), events
+    failed = next(e for e in events if e.startswith("host 1: failed"))
+    assert re.search(r"the root cause\) after \d+\.\d{3} s: ", failed), failed
     assert "queued for" in shown.stdout and "ran for" in shown.stdout
 
 
