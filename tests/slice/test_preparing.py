@@ -115,7 +115,7 @@ def test_a_cancel_ends_a_hanging_install_and_its_output_was_the_jobs(agents, ind
     index.silent.set()
     handle = _on(agents, 1, requirements=_requirements(index))(lambda: 1).submit()
     pip = _hanging(agents, 0, index)
-    assert wait_until(lambda: index.url in handle.logs(), 10), handle.logs()
+    assert wait_until(lambda: index.url in handle.logs(), 30), handle.logs()
     assert "making an environment" in handle.logs()
     asked = time.monotonic()
     status = handle.cancel()
@@ -146,7 +146,7 @@ def test_a_peers_hanging_install_is_cancelled_and_frees_the_peer(agents, index):
     index.silent.set()
     handle = _on(agents, 2, requirements=reqs)(lambda: 1).submit()
     pip = _hanging(agents, 1, index)
-    assert wait_until(lambda: index.url in handle.logs(host=1), 10), handle.logs(host=1)
+    assert wait_until(lambda: index.url in handle.logs(host=1), 30), handle.logs(host=1)
     asked = time.monotonic()
     assert handle.cancel().state == "CANCELLED"
     assert time.monotonic() - asked < _WITHIN, "the cancel waited for the peer's installer"
