@@ -148,7 +148,6 @@ class GatewayRole:
                 timer.start()
             else:
                 self.scheduler.cancel(record.job_id, "the attached caller went away")
-        context.add_callback(on_done)
         hosts = {pb.STREAM_MODE_ALL: list(range(num_processes(record.spec))),
                  pb.STREAM_MODE_NONE: []}.get(spec.stream, [0])
         warm = self.scheduler.claim(record) if created else None   # (run at once below)
@@ -156,7 +155,12 @@ class GatewayRole:
             self._host.store.save(record)
             self.scheduler.submit(record)
             log.info("job %s: queued (%d host(s))", spec.job_id, spec.num_hosts)
-        if not context.is_active():   # gone before its job could be cancelled
+        # Once the scheduler has the job: for a caller gone before this (a lane
+        # closed right after its call) ``on_done`` runs now, and its cancel finds
+        # the job (before the job was the scheduler's, that cancel was lost, and
+        # a call with nobody attached ran on). gRPC's add_callback does not run
+        # a callback for a call already over: it says so.
+        if not context.add_callback(on_done):
             on_done()
         status = status_of(record)
         if warm is None and status.phase == pb.JOB_PHASE_QUEUED and status.queued_behind:
