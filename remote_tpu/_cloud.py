@@ -20,14 +20,17 @@ API_ENV = "REMOTE_TPU_TPU_API"
 _DEFAULT_API = "https://tpu.googleapis.com"
 
 
-def _session_and_project(project: str):
+def credentials_and_project(project: str, *, needs: str, no_project: str):
+    """Google credentials (anonymous ones for a local stand-in at
+    ``REMOTE_TPU_TPU_API``) and the project: ``project``, else the
+    credentials' own, else ``$GOOGLE_CLOUD_PROJECT``. ``needs``: who needs
+    them, as the errors say; ``no_project``: the error without a project."""
     try:
         import google.auth
         import google.auth.exceptions
         from google.auth.credentials import AnonymousCredentials
-        from google.auth.transport.requests import AuthorizedSession
     except ImportError:
-        raise ConfigurationError("hosts='tpu://...' needs google-auth: "
+        raise ConfigurationError(f"{needs} needs google-auth: "
                                  "pip install 'remote-tpu[gcp]'") from None
     try:
         credentials, default_project = google.auth.default(
@@ -37,12 +40,20 @@ def _session_and_project(project: str):
             credentials, default_project = AnonymousCredentials(), ""   # a local stand-in
         else:
             raise ConfigurationError(
-                f"hosts='tpu://...' needs Google credentials to ask the Cloud TPU API: "
+                f"{needs} needs Google credentials to ask the Cloud TPU API: "
                 f"run `gcloud auth application-default login` ({exc})") from None
     project = project or default_project or os.environ.get("GOOGLE_CLOUD_PROJECT", "")
     if not project:
-        raise ConfigurationError("hosts='tpu://NAME?zone=...': add &project=PROJECT (no "
-                                 "default project in the credentials)")
+        raise ConfigurationError(no_project)
+    return credentials, project
+
+
+def _session_and_project(project: str):
+    credentials, project = credentials_and_project(
+        project, needs="hosts='tpu://...'",
+        no_project="hosts='tpu://NAME?zone=...': add &project=PROJECT (no default project "
+                   "in the credentials)")
+    from google.auth.transport.requests import AuthorizedSession
     return AuthorizedSession(credentials), project
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._cloud import API_ENV
+from ._cloud import API_ENV, credentials_and_project
 from ._core.addresses import DEFAULT_AGENT_PORT, join_host_port
 from ._core.exceptions import ConfigurationError, RemoteTPUError
 from ._core.topology import Topology
@@ -48,25 +48,13 @@ def _library():
 def _client_and_project(project: str):
     """The library's client (REST to ``REMOTE_TPU_TPU_API`` where set) and the project."""
     tpu_v2, _ = _library()
-    import google.auth
-    import google.auth.exceptions
     from google.api_core.client_options import ClientOptions
-    from google.auth.credentials import AnonymousCredentials
 
+    credentials, project = credentials_and_project(
+        project, needs="remote-tpu up, down and slices",
+        no_project="which project? give --project PROJECT (the credentials name no "
+                   "default project)")
     endpoint = os.environ.get(API_ENV, "").rstrip("/")
-    if endpoint.startswith("http://127."):          # a local stand-in
-        credentials, default_project = AnonymousCredentials(), ""
-    else:
-        try:
-            credentials, default_project = google.auth.default(
-                scopes=["https://www.googleapis.com/auth/cloud-platform"])
-        except google.auth.exceptions.DefaultCredentialsError as exc:
-            raise ConfigurationError("the Cloud TPU API needs Google credentials: run "
-                                     f"`gcloud auth application-default login` ({exc})") from None
-    project = project or default_project or os.environ.get("GOOGLE_CLOUD_PROJECT", "")
-    if not project:
-        raise ConfigurationError("which project? give --project PROJECT (the credentials "
-                                 "name no default project)")
     options = ClientOptions(api_endpoint=endpoint) if endpoint else None
     client = tpu_v2.TpuClient(credentials=credentials, transport="rest",
                               client_options=options)

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable
 
 from remote_tpu._core import data_wire
-from remote_tpu._core.frame_connection import FrameConnection
+from remote_tpu._core.frame_connection import FrameConnection, OverFrames
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class PeerLane:
             self._on_cancel()
 
 
-class GatewayLane:
+class GatewayLane(OverFrames):
     """The gateway's end of one peer's lane: sends calls and cancellations,
     and a reader thread hands each event to ``on_event`` until the lane ends,
     then calls ``on_end`` once with why ("" when we closed it). A
@@ -151,14 +151,6 @@ class GatewayLane:
             log.info("no lane to %s (its calls stay on gRPC): %s", address, exc)
             return None
         return cls(sock, on_event, on_end, name, silence)
-
-    @property
-    def closed(self) -> bool:
-        return self._conn.closed
-
-    @property
-    def _sock(self) -> socket.socket:
-        return self._conn.sock
 
     def send(self, request: pb.RunRequest) -> bool:
         """Carry a request of the session's ``Run`` call: its next call

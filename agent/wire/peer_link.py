@@ -51,7 +51,7 @@ import grpc
 from remote_tpu._core import data_wire
 from remote_tpu._core.channels import Credentials, stub
 from remote_tpu._core.data_wire import LaneError
-from remote_tpu._core.frame_connection import FrameConnection
+from remote_tpu._core.frame_connection import FrameConnection, OverFrames
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 
 
@@ -120,7 +120,7 @@ class _Answer:
         self.came = threading.Event()
 
 
-class GatewayLink:
+class GatewayLink(OverFrames):
     """The gateway's end of one peer's link."""
 
     def __init__(self, address: str, sock: socket.socket, silence: float) -> None:
@@ -131,14 +131,6 @@ class GatewayLink:
         self._calls: dict[int, LinkCall] = {}
         self._asked: dict[int, _Answer] = {}     # health checks, by call id
         threading.Thread(target=self._read, daemon=True, name=f"link-{address}").start()
-
-    @property
-    def closed(self) -> bool:
-        return self._conn.closed
-
-    @property
-    def _sock(self) -> socket.socket:
-        return self._conn.sock
 
     def call(self, request: pb.RunRequest, on_event: Callable[[pb.Event], None],
              on_end: Callable[[grpc.RpcError | None], None]) -> LinkCall | None:

@@ -143,3 +143,18 @@ class FrameConnection:
         if not self._served:
             with self._send_lock:
                 self.sock.close()
+
+
+class OverFrames:
+    """An end that speaks through one ``FrameConnection`` (``_conn``): whether
+    it is closed, and (for tests that write to the wire themselves) its socket."""
+
+    _conn: FrameConnection
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.closed
+
+    @property
+    def _sock(self) -> socket.socket:
+        return self._conn.sock
