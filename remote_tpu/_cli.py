@@ -186,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     if args.command is None:
-        p.error("give a command: run, exec, jobs, top, doctor, local, release, up, down, "
-                "slices or version "
+        p.error("give a command: run, exec, jobs, top, doctor, local, release, setup, up, "
+                "down, slices or version "
                 "(`remote-tpu --help` says what each does)")
     if args.command == "local":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -1,5 +1,6 @@
-"""``remote-tpu up``, ``down`` and ``slices``: slices made and removed on demand
-through the Cloud TPU API (``_tpu_api``)."""
+"""``remote-tpu setup`` (agents onto a slice's hosts, over SSH: ``_setup``),
+and ``up``, ``down`` and ``slices``: slices made and removed on demand through
+the Cloud TPU API (``_tpu_api``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,15 @@ import argparse
 import json
 
 RawHelp = argparse.RawDescriptionHelpFormatter
+
+SETUP = ("make every host of a slice ready and start its agent, over SSH: Python, "
+         "this client's remote-tpu, jax, the token, the service", """examples:
+  remote-tpu setup tpu://my-slice?zone=us-east5-a          a TPU VM slice, by name
+  remote-tpu setup me@10.0.0.2 me@10.0.0.3 me@10.0.0.4 me@10.0.0.5   hosts in worker order
+  remote-tpu setup tpu://my-slice?zone=us-east5-a --agent-args "--tls-cert c.pem --tls-key k.pem"
+
+Running it again is safe: it redoes only what differs (a new client version,
+token or flags); an unchanged host is left as it is.""")
 
 COMMANDS = {
     "up": ("make a slice: a queued resource through the Cloud TPU API, shown while it "
@@ -31,7 +41,37 @@ def _common(p: argparse.ArgumentParser) -> None:
                                                  "or $GOOGLE_CLOUD_PROJECT)")
 
 
+def _setup_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--user", default="", help="the SSH user where an address names none "
+                                              "(default: ssh's; for tpu://, yours, as gcloud)")
+    p.add_argument("--identity-file", default="", metavar="KEY",
+                   help="the SSH key (default: ssh's; for tpu://, gcloud's "
+                        "~/.ssh/google_compute_engine)")
+    p.add_argument("-o", "--ssh-option", action="append", default=[], metavar="OPTION",
+                   help="an ssh -o option, e.g. -o ProxyJump=bastion (repeatable)")
+    p.add_argument("--agent-port", type=int, default=8475, metavar="PORT",
+                   help="the port the agents listen on (default 8475)")
+    p.add_argument("--dir", default="~/.local/share/remote-tpu", metavar="DIR",
+                   help="where on each host the agent's Python environment goes "
+                        "(default ~/.local/share/remote-tpu)")
+    p.add_argument("--pip-index", default="", metavar="URL",
+                   help="the package index the hosts install from (default: theirs)")
+    p.add_argument("--agent-args", default="", metavar="FLAGS",
+                   help="more remote-tpu-agent flags for every agent, e.g. "
+                        "\"--tls-cert c.pem --tls-key k.pem\"")
+    p.add_argument("--token-file", default="", metavar="PATH",
+                   help="the slice token to give the agents (default: "
+                        "$REMOTE_TPU_TOKEN, else ~/.config/remote_tpu/token, made if missing)")
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("setup", help=SETUP[0], description=SETUP[0], epilog=SETUP[1],
+                       formatter_class=RawHelp)
+    p.add_argument("hosts", nargs="+", metavar="HOST",
+                   help="tpu://NAME?zone=ZONE[&project=P], or the hosts' SSH addresses "
+                        "([USER@]HOST[:PORT]) in worker order")
+    _setup_flags(p)
+    p.set_defaults(func=run_setup)
     for name, (text, epilog) in COMMANDS.items():
         p = sub.add_parser(name, help=text, description=text, epilog=epilog,
                            formatter_class=RawHelp)
@@ -50,12 +90,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
             p.add_argument("--runtime-version", default="", metavar="IMAGE",
                            help="the TPU VM image (default: the generation's base image)")
             p.add_argument("--no-wait", action="store_true",
-                           help="ask, and do not wait for the slice to be ACTIVE")
+                           help="ask, and do not wait for the slice to be ACTIVE (nor set "
+                                "it up)")
+            p.add_argument("--no-setup", action="store_true",
+                           help="once ACTIVE, do not run `remote-tpu setup` on it")
+            _setup_flags(p)
         if name == "slices":
             p.add_argument("--agent-port", type=int, default=8475, metavar="PORT",
                            help="where the agents listen (default 8475)")
             p.add_argument("--json", action="store_true", help="the rows as JSON")
         p.set_defaults(func=run)
+
+
+def run_setup(args: argparse.Namespace, hosts: list[str] | None = None) -> int:
+    from . import _setup
+
+    _setup.main(hosts or args.hosts, user=args.user, identity_file=args.identity_file,
+                ssh_options=args.ssh_option, port=args.agent_port, directory=args.dir,
+                pip_index=args.pip_index, agent_args=args.agent_args,
+                token_file=args.token_file, say=lambda line: print(line, flush=True))
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,10 +120,15 @@ def run(args: argparse.Namespace) -> int:
                             spot=args.spot, reserved=args.reserved,
                             num_slices=args.num_slices, runtime_version=args.runtime_version,
                             wait=not args.no_wait)
-        if nodes:
-            print(f"ACTIVE: {', '.join(nodes)}. Next, on every worker: install and start the "
-                  "agent (docs/deploying.md); then hosts='tpu://"
-                  f"{nodes[0]}?zone={args.zone}' reaches it")
+        where = f"zone={args.zone}" + (f"&project={args.project}" if args.project else "")
+        if nodes and args.no_setup:
+            print(f"ACTIVE: {', '.join(nodes)}. Next: remote-tpu setup "
+                  f"'tpu://{nodes[0]}?{where}' (each node) installs and starts the agents; "
+                  f"then hosts='tpu://{nodes[0]}?{where}' reaches it")
+        elif nodes:
+            print(f"ACTIVE: {', '.join(nodes)}. Setting up the agents...", flush=True)
+            for node in nodes:
+                run_setup(args, [f"tpu://{node}?{where}"])
     elif args.command == "down":
         _tpu_api.down(args.name, args.zone, args.project)
     else:

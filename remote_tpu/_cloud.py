@@ -60,6 +60,13 @@ def _session_and_project(project: str):
 def resolve(url: str) -> tuple[list[str], str]:
     """(agent addresses in worker order, accelerator type) of the TPU at ``url``."""
     ref = TpuRef.parse(url)
+    ips, accelerator = workers(ref)
+    return [join_host_port(ip, ref.port) for ip in ips], accelerator
+
+
+def workers(ref: TpuRef) -> tuple[list[str], str]:
+    """(the workers' IPs in worker order, accelerator type) of the TPU ``ref``
+    names (external IPs with ``&external=1``)."""
     session, project = _session_and_project(ref.project)
     api = os.environ.get(API_ENV, _DEFAULT_API).rstrip("/")
     node = f"projects/{project}/locations/{ref.zone}/nodes/{ref.name}"
@@ -81,14 +88,14 @@ def resolve(url: str) -> tuple[list[str], str]:
     state = body.get("state", "")
     if state and state != "READY":
         raise ConfigurationError(f"TPU {ref.name!r} is {state}, not READY")
-    addresses = []
+    ips = []
     for endpoint in body.get("networkEndpoints", []):
         ip = (endpoint.get("accessConfig", {}).get("externalIp") if ref.external
               else endpoint.get("ipAddress"))
         if not ip:
             raise ConfigurationError(f"TPU {ref.name!r} has a worker without an "
                                      f"{'external' if ref.external else 'internal'} IP")
-        addresses.append(join_host_port(ip, ref.port))
-    if not addresses:
+        ips.append(ip)
+    if not ips:
         raise ConfigurationError(f"TPU {ref.name!r} lists no network endpoints")
-    return addresses, body.get("acceleratorType", "")
+    return ips, body.get("acceleratorType", "")

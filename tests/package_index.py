@@ -46,8 +46,10 @@ class PackageIndex:
     ``directory``. Once ``silent`` is set, it accepts each request and never
     answers it, until ``close``."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, host: str = "127.0.0.1",
+                 refuse: Sequence[str] = ()) -> None:
         self.directory = directory
+        self.refuse = set(refuse)         # client addresses answered 403 Forbidden
         self.silent = threading.Event()
         self.requests = 0                 # requests received (answered or not)
         self._closing = threading.Event()
@@ -59,7 +61,8 @@ class PackageIndex:
                 if index.silent.is_set():
                     index._closing.wait()
                     return
-                status, body = index._answer(self.path)
+                status, body = ((403, b"") if self.client_address[0] in index.refuse
+                                else index._answer(self.path))
                 self.send_response(status)
                 self.send_header("Content-Type", "application/octet-stream"
                                  if self.path.startswith("/files/") else "text/html")
@@ -70,9 +73,9 @@ class PackageIndex:
             def log_message(self, *args) -> None:
                 pass
 
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = http.server.ThreadingHTTPServer((host, 0), Handler)
         self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/simple"
+        self.url = f"http://{host}:{self._server.server_address[1]}/simple"
         threading.Thread(target=self._server.serve_forever, daemon=True,
                          name="package-index").start()
 

@@ -43,7 +43,9 @@ class AgentParts:
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        self.address = advertise_address(config.host, config.advertise)   # host only
+        found = config.slice
+        listed = host_of(found.peers[found.worker_id]) if found.peers else ""
+        self.address = advertise_address(config.host, config.advertise, listed)  # host only
         self.port = config.port          # the bound port, once create_server has bound it
         # No state dir given: an ephemeral agent's, removed when it stops.
         self._own_state_dir = not config.state_dir

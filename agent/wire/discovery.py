@@ -198,10 +198,16 @@ def discover(*, port: int, worker_id: int | None = None, peers: tuple[str, ...] 
                  accelerator=accelerator, source="metadata", megascale=megascale)
 
 
-def advertise_address(bind_host: str, explicit: str = "") -> str:
-    """The address peers use to reach this host (the JAX coordinator's host)."""
+def advertise_address(bind_host: str, explicit: str = "", listed: str = "") -> str:
+    """The address peers use to reach this host (the JAX coordinator's host):
+    the one given, else the one the slice lists for this worker (``listed``:
+    its peers reach it there by definition; a hostname can resolve to a
+    loopback address, as Debian's 127.0.1.1), else the one listened on, else
+    the hostname's."""
     if explicit:
         return explicit
+    if listed:
+        return listed
     if bind_host not in ("", "0.0.0.0", "::", "[::]"):
         return bind_host.strip("[]")
     try:

@@ -33,7 +33,7 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_up_waits_for_the_queued_resource_then_slices_lists_it_with_its_agent(api, agents):
     done = _cli("up", "my-slice", "--accelerator", "tpu-v4-16", "--zone", "us-x1-a",
-                "--project", "p", "--spot")
+                "--project", "p", "--spot", "--no-setup")
     assert done.returncode == 0, done.stderr
     assert "my-slice: WAITING_FOR_RESOURCES" in done.stdout
     assert done.stdout.index("PROVISIONING") < done.stdout.index("my-slice: ACTIVE")

@@ -111,3 +111,11 @@ def test_not_a_metadata_server_slow_server_and_no_server():
 def test_bad_tpu_references_fail_when_applied(url, message):
     with pytest.raises(ConfigurationError, match=message):
         remote_tpu.run(accelerator="tpu-v4-16", hosts=url)
+
+
+def test_the_address_peers_reach_is_the_one_the_slice_lists_for_this_worker():
+    from remote_tpu_agent.wire.discovery import advertise_address
+    assert advertise_address("0.0.0.0", "", "10.0.0.3") == "10.0.0.3"
+    assert advertise_address("0.0.0.0", "10.9.9.9", "10.0.0.3") == "10.9.9.9"  # given wins
+    assert advertise_address("10.0.0.7", "", "") == "10.0.0.7"
+    assert advertise_address("[::1]") == "::1"

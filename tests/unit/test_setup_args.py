@@ -1,0 +1,95 @@
+"""remote-tpu setup's checks of what it is given, before any host is touched,
+and what it says when hosts fail (the hosts themselves: tests/slice/test_setup.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from remote_tpu import _setup
+from remote_tpu._core.exceptions import ConfigurationError
+from remote_tpu._setup import HostResult, Plan, SshHost
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize("text, parsed", [
+    ("me@10.0.0.2", ("me", "10.0.0.2", 22)),
+    ("10.0.0.2:2222", ("", "10.0.0.2", 2222)),
+    ("t1v-n-1-w-0", ("", "t1v-n-1-w-0", 22)),
+    ("root@[fd00::5]:2200", ("root", "fd00::5", 2200)),
+    ("fd00::5", ("", "fd00::5", 22)),
+])
+def test_ssh_addresses(text, parsed):
+    host = SshHost.parse(3, text)
+    assert (host.user, host.host, host.ssh_port) == parsed and host.index == 3
+
+
+@pytest.mark.parametrize("text, said", [
+    ("", "is not an SSH address"),
+    ("me@", "is not an SSH address"),
+    ("a b", "is not an SSH address"),
+    ("-oProxyCommand=touch /tmp/x", "is not an SSH address"),     # never an ssh option
+    ("-oProxyCommand=x@host", "is not an SSH address"),
+    ("host:0", "SSH port '0' is not a port"),
+    ("host:65536", "SSH port '65536' is not a port"),
+    ("host:ssh", "SSH port 'ssh' is not a port"),
+])
+def test_bad_ssh_addresses_are_refused_with_the_form_to_use(text, said):
+    with pytest.raises(ConfigurationError, match=said):
+        SshHost.parse(0, text)
+
+
+def test_hosts_are_named_once_in_worker_order_and_tpu_refs_alone():
+    hosts, from_api = _setup.hosts_of(["10.0.0.2", "me@10.0.0.3"], user="ops")
+    assert [h.target for h in hosts] == ["ops@10.0.0.2", "me@10.0.0.3"] and not from_api
+    with pytest.raises(ConfigurationError, match="named twice"):
+        _setup.hosts_of(["10.0.0.2", "root@10.0.0.2"])
+    with pytest.raises(ConfigurationError, match="not both"):
+        _setup.hosts_of(["tpu://x?zone=z", "10.0.0.2"])
+    with pytest.raises(ConfigurationError, match="which hosts"):
+        _setup.hosts_of([])
+
+
+@pytest.mark.parametrize("agent_args, said", [
+    ("--port 9000", "setup gives the agents --port itself"),
+    ("--peers=a,b", "setup gives the agents --peers itself"),
+    ("--token-file /x", "setup gives the agents --token-file itself"),
+    ('--log-level "INFO', "--agent-args"),
+])
+def test_agent_flags_setup_owns_are_refused(agent_args, said):
+    with pytest.raises(ConfigurationError, match=said):
+        _setup.main(["10.0.0.2"], agent_args=agent_args)
+
+
+@pytest.mark.parametrize("port", [0, 65536, -1])
+def test_a_bad_agent_port_is_refused(port):
+    with pytest.raises(ConfigurationError, match=f"--port {port}"):
+        _setup.main(["10.0.0.2"], port=port)
+
+
+def test_a_missing_key_is_named_before_any_host_is_touched(tmp_path):
+    with pytest.raises(ConfigurationError, match="no SSH key at"):
+        _setup.main(["10.0.0.2"], identity_file=str(tmp_path / "absent"))
+
+
+def test_each_agent_gets_its_place_and_tls_replaces_insecure():
+    hosts = (SshHost(0, "", "10.0.0.2", 22), SshHost(1, "", "10.0.0.3", 22))
+    plan = Plan(hosts, port=9000)
+    assert plan.flags_for(hosts[1]) == ["--host", "0.0.0.0", "--insecure", "--worker-id", "1",
+                                        "--peers", "10.0.0.2:9000,10.0.0.3:9000"]
+    tls = Plan(hosts, agent_flags=("--tls-cert", "c", "--tls-key", "k"),
+               explicit_places=False)
+    assert tls.flags_for(hosts[0]) == ["--host", "0.0.0.0", "--tls-cert", "c", "--tls-key", "k"]
+    assert tls.ssh(hosts[0], "true")[-2:] == ["10.0.0.2", "true"]
+
+
+def test_the_report_names_each_failing_host_with_its_last_lines_and_who_is_ready():
+    ok = HostResult(SshHost(0, "", "10.0.0.2", 22), ok=True, summary="started")
+    bad = HostResult(SshHost(1, "", "10.0.0.3", 22), summary="pip could not install")
+    bad.tail.extend(f"line {i}" for i in range(50))
+    text = _setup.report([ok, bad])
+    assert text.startswith("1 of 2 host(s) failed:")
+    assert "host 1 (10.0.0.3): pip could not install" in text
+    assert "line 49" in text and "line 29" not in text       # the last 20 lines only
+    assert "Host 0 is ready, its agent running." in text and "run setup again" in text
+    assert _setup.report([ok]) == ""
