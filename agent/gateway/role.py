@@ -46,7 +46,7 @@ class GatewayRole:
         self._config = config
         self._host = host
         self._advertise = advertise
-        self.scheduler = Scheduler(self._make_job, config.output_interval)
+        self.scheduler = Scheduler(self._make_job, config.output_interval, host.idle)
 
     def accept(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
                context: grpc.ServicerContext, submit: bool = True
@@ -63,7 +63,8 @@ class GatewayRole:
             abort(context, r)
         path = self._host.uploads.new_file(spec.job_id) if spec.payload_size > INLINE_BYTES else ""
         try:
-            payload = self._host.uploads.receive(spec, requests, path, context)
+            with self._host.idle.hold():           # (a large payload may take a while)
+                payload = self._host.uploads.receive(spec, requests, path, context)
             spec.num_hosts = len(hosts)
             spec.hosts[:] = hosts
             # (Not yet written when its caller may run it at once: then its
