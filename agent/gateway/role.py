@@ -56,6 +56,12 @@ class GatewayRole:
         existing = self._host.store.get(spec.job_id)
         if existing is not None:
             return existing, False
+        if self._host.idle.done:                  # (--idle-delete: the VM goes soon)
+            abort(context, Refused(
+                grpc.StatusCode.FAILED_PRECONDITION, "deleted",
+                f"the slice of {self._host.endpoint()} is being deleted: it was idle for "
+                f"{self._config.idle_delete_minutes:g} min (--idle-delete) and the Cloud TPU "
+                "API took the request; make another (remote-tpu up)"))
         try:
             hosts = hosts_for(spec, self._config.slice, self._host.endpoint())
             self._check_python(spec)

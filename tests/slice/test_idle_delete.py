@@ -15,6 +15,7 @@ import pytest
 
 from conftest import ROOT, Agents, on_agents, running_agents, wait_until
 from metadata_server import MetadataStandIn
+from remote_tpu._core.exceptions import RemoteTPUError
 from remote_tpu_agent.host.idle_delete import CLOUD_PLATFORM
 from tpu_api import CloudTpuStandIn
 
@@ -73,6 +74,10 @@ def test_an_idle_slice_is_deleted_but_never_while_a_job_runs(cloud):
         log = Agents.log(agents.logs[0])
         assert f"(--idle-delete 0.1): deleting {name}" in log
         assert "the Cloud TPU API is deleting" in log
+        with pytest.raises(RemoteTPUError) as info:               # the VM goes soon
+            on_agents(agents, init_jax=False)(len)("abc")
+        assert ("is being deleted: it was idle for 0.1 min (--idle-delete) and the Cloud "
+                "TPU API took the request; make another (remote-tpu up)") in str(info.value)
         time.sleep(MINUTES * 60 + 1)
         assert len(api.deletes) == 1                             # once taken, never again
 
