@@ -121,8 +121,9 @@ class SliceDeleter:
         if self._deleting:
             return f"{head}: {self._deleting}", ""
         problem = self._last or self._forbidden
-        if problem:
-            return f"{head}: {problem}", f"{head} of {self.resource}: {problem}"
+        if problem:           # the row says what, the problems why (the one to read)
+            return (f"{head}: {problem.partition(': ')[0]} (see problems)",
+                    f"{head} of {self.resource}: {problem}")
         return f"{head}: on", ""
 
     def delete(self, idle_seconds: float) -> bool:
@@ -130,8 +131,8 @@ class SliceDeleter:
         import urllib.error           # (here: an agent that never deletes never imports them)
         import urllib.request
 
-        log.warning("idle for %.1f minute(s) (--idle-delete %g): deleting %s",
-                    idle_seconds / 60, self.minutes, self.resource)
+        log.warning("idle for %s (--idle-delete %g): deleting %s", _duration(idle_seconds),
+                    self.minutes, self.resource)
         try:
             token = self._token()
         except (ConfigurationError, ValueError, KeyError) as exc:
@@ -177,6 +178,10 @@ class SliceDeleter:
         log.error("--idle-delete: %s was not deleted: %s; trying again after another %g "
                   "idle minute(s)", self.resource, why, self.minutes)
         return False
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
 
 
 def _field(body: bytes, *keys: str) -> str:

@@ -121,6 +121,7 @@ def test_a_vm_without_the_cloud_platform_scope_warns_at_start(cloud):
         assert "WARNING" in Agents.log(agents.logs[0])
         doctor = _doctor(agents)
         assert doctor.returncode == 1, doctor.stdout + doctor.stderr
-        assert ("idle-delete after 60 min: will be refused: the VM's service account lacks "
-                "the cloud-platform scope") in doctor.stdout
+        assert "idle-delete after 60 min: will be refused (see problems)" in doctor.stdout
+        assert (f"- host 0: idle-delete after 60 min of {name}: will be refused: the VM's "
+                "service account lacks the cloud-platform scope") in doctor.stdout
         assert api.deletes == []

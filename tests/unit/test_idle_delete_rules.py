@@ -4,6 +4,7 @@ loopback). The agents that do it end to end: tests/slice/test_idle_delete.py."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -189,7 +190,7 @@ def test_the_queued_resource_goes_with_its_nodes_asked_with_the_vms_token(api, v
     line, problem = deleter.status()
     assert line.startswith("idle-delete after 30 min: deleting since ") and "operation" in line
     assert problem == ""
-    assert f"idle for 30.0 minute(s) (--idle-delete 30): deleting {QUEUED}" in caplog.text
+    assert f"idle for 30.0 min (--idle-delete 30): deleting {QUEUED}" in caplog.text
 
 
 def test_a_node_without_a_queued_resource_is_deleted_without_force(api, vm):
@@ -204,10 +205,13 @@ def test_a_refusal_is_kept_for_doctor_and_tried_again(api, vm):
     deleter = _deleter(vm)
     assert not deleter.delete(1800.0)
     line, problem = deleter.status()
-    assert "last try (" in line and ("refused: HTTP 403: Permission 'tpu.queuedResources."
-                                     "delete' denied on 'my-slice'") in line
-    assert "roles/tpu.admin" in line
-    assert problem.startswith(f"idle-delete after 30 min of {QUEUED}: last try")
+    assert re.fullmatch(r"idle-delete after 30 min: last try \(\d\d:\d\d:\d\d\) refused "
+                        r"\(see problems\)", line), line
+    assert problem.startswith(f"idle-delete after 30 min of {QUEUED}: last try (")
+    assert ("refused: HTTP 403: Permission 'tpu.queuedResources.delete' denied on "
+            "'my-slice' (the VM's service account needs the cloud-platform scope and a "
+            "role with tpu.queuedResources.delete and tpu.nodes.delete, e.g. "
+            "roles/tpu.admin)") in problem
     api.forbid = ""
     assert deleter.delete(1800.0) and deleter.status()[1] == ""
     assert api.resources == {}
@@ -219,24 +223,26 @@ def test_a_vm_without_the_cloud_platform_scope_is_told_at_start(api, vm, caplog)
     deleter = _deleter(vm)
     deleter.check_access()
     line, problem = deleter.status()
-    assert "will be refused: the VM's service account lacks the cloud-platform scope" in line
-    assert "devstorage.read_only" in line and problem
+    assert line == "idle-delete after 30 min: will be refused (see problems)"
+    assert ("will be refused: the VM's service account lacks the cloud-platform scope"
+            in problem and "devstorage.read_only" in problem)
     assert "lacks the cloud-platform scope" in caplog.text
     vm.instance.pop("service-accounts/default/token")
     vm.instance.pop("service-accounts/default/scopes")
     deleter.check_access()
-    assert "will be refused: this VM has no service account" in deleter.status()[0]
+    assert "will be refused: this VM has no service account" in deleter.status()[1]
 
 
 def test_a_wrong_token_and_a_missing_resource_are_said(api, vm):
     vm.service_account("stale", [CLOUD_PLATFORM])
     deleter = _deleter(vm)
     assert not deleter.delete(60.0)
-    assert "refused: HTTP 401: Request had invalid authentication" in deleter.status()[0]
+    assert "refused: HTTP 401: Request had invalid authentication" in deleter.status()[1]
     vm.service_account("vm-token", [CLOUD_PLATFORM])
     assert not deleter.delete(60.0)
-    assert "failed: HTTP 404: " in deleter.status()[0]
-    assert "check --idle-delete-resource" in deleter.status()[0]
+    assert "failed: HTTP 404: " in deleter.status()[1]
+    assert "check --idle-delete-resource" in deleter.status()[1]
+    assert deleter.status()[0].endswith(") failed (see problems)")
 
 
 def test_an_api_that_does_not_answer_is_said(api, vm, monkeypatch):
@@ -244,4 +250,4 @@ def test_an_api_that_does_not_answer_is_said(api, vm, monkeypatch):
     deleter = _deleter(vm)
     assert not deleter.delete(60.0)
     assert "failed: cannot reach the Cloud TPU API at http://127.0.0.1:9" in \
-        deleter.status()[0]
+        deleter.status()[1]
