@@ -91,6 +91,12 @@ class SliceDeleter:
         force = "?force=true" if "/queuedResources/" in self.resource else ""
         return f"{self._api}/v2/{self.resource}{force}"
 
+    @property
+    def down_command(self) -> str:
+        """What deletes it by hand."""
+        project, zone, _, name = _RESOURCE.fullmatch(self.resource).groups()
+        return f"remote-tpu down {name} --zone {zone} --project {project}"
+
     def check_access(self) -> None:
         """Read the VM's scopes; a warning now if the API will refuse the delete."""
         try:
@@ -106,11 +112,11 @@ class SliceDeleter:
                 self._forbidden = (
                     "will be refused: the VM's service account lacks the cloud-platform "
                     f"scope ({CLOUD_PLATFORM}; it has {', '.join(scopes.split()) or 'none'}): "
-                    "create the TPU VM with that scope, or delete it yourself "
-                    "(remote-tpu down NAME --zone ZONE)")
+                    f"create the TPU VM with that scope, or delete it yourself "
+                    f"({self.down_command})")
         if self._forbidden:
-            log.warning("--idle-delete %g: deleting %s when idle %s", self.minutes,
-                        self.resource, self._forbidden)
+            log.warning("--idle-delete %g: deleting %s %s", self.minutes, self.resource,
+                        self._forbidden)
         else:
             log.info("--idle-delete %g: this slice deletes %s after %g minute(s) with "
                      "nothing to do", self.minutes, self.resource, self.minutes)

@@ -226,6 +226,9 @@ def test_a_vm_without_the_cloud_platform_scope_is_told_at_start(api, vm, caplog)
     assert line == "idle-delete after 30 min: will be refused (see problems)"
     assert ("will be refused: the VM's service account lacks the cloud-platform scope"
             in problem and "devstorage.read_only" in problem)
+    assert problem.endswith("create the TPU VM with that scope, or delete it yourself "
+                            "(remote-tpu down my-slice --zone us-central2-b --project "
+                            "my-project)")
     assert "lacks the cloud-platform scope" in caplog.text
     vm.instance.pop("service-accounts/default/token")
     vm.instance.pop("service-accounts/default/scopes")
