@@ -93,8 +93,10 @@ def _rows(target, reply, prefix: str = "") -> tuple[list[list[str]], list[str]]:
         lock = "busy" if h.health.tpu_busy else "free"
         rows.append([f"{prefix}{h.host}", h.address, "yes", v.remote_tpu, v.python, v.jax or "-",
                      v.jaxlib or "-", v.libtpu or "-", h.health.accelerator or "-", lock,
-                     "; ".join(notes) or "ok"])
+                     "; ".join(filter(None, [*notes, h.health.idle_delete])) or "ok"])
         problems += [f"host {h.host}: {n}" for n in notes]
+        if h.health.idle_delete_problem:
+            problems.append(f"host {h.host}: {h.health.idle_delete_problem}")
     skew = slice_skew({f"host {h.host}": h.health.versions for h in reply.hosts if not h.error})
     if skew:
         problems.append("the hosts run different versions (a job on them is refused until "

@@ -59,6 +59,13 @@ class MetadataStandIn(HttpStandIn):
         self._flavor = {"Metadata-Flavor": "Google"} if flavor_header else {}
         super().__init__(self._respond)
 
+    def service_account(self, token: str, scopes: list[str]) -> None:
+        """The VM's default service account: its access token (the JSON the
+        metadata server answers) and its scopes (one a line)."""
+        self.instance["service-accounts/default/token"] = json.dumps(
+            {"access_token": token, "expires_in": 3599, "token_type": "Bearer"})
+        self.instance["service-accounts/default/scopes"] = "\n".join(scopes)
+
     def _respond(self, path: str, headers: dict[str, str]) -> tuple[int, dict, bytes]:
         flavor = headers.get("Metadata-Flavor")
         self.requests.append((path, flavor))

@@ -3,7 +3,11 @@ resources (create, get, list, delete with force), nodes (get, list, delete) and
 long-running operations, answering what Google's google-cloud-tpu library sends
 over its REST transport. A queued resource waits ``waits`` looks (gets) in
 WAITING_FOR_RESOURCES, then PROVISIONING, then is ACTIVE with its nodes (workers
-at ``ips``), or FAILED with ``fail`` as its reason."""
+at ``ips``), or FAILED with ``fail`` as its reason.
+
+``bearer``: a call must carry ``Authorization: Bearer <bearer>`` (else 401), as a
+VM's own token from its metadata server; ``forbid``: every DELETE is answered
+403 with it as the message, as for a service account without the role."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import http.server
 import itertools
 import json
 import threading
+import time
 import urllib.parse
 
 QR_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
@@ -20,6 +25,9 @@ EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 class CloudTpuStandIn:
     def __init__(self, ips: list[str], waits: int = 2, fail: str = "") -> None:
         self.ips, self.waits, self.fail = ips, waits, fail
+        self.bearer: str | None = None
+        self.deletes: list[float] = []        # when each DELETE came (time.monotonic())
+        self.forbid = ""
         self.resources: dict[str, dict] = {}      # full name -> QueuedResource JSON
         self.nodes: dict[str, dict] = {}          # full name -> Node JSON
         self.looks: dict[str, int] = {}
@@ -36,8 +44,12 @@ class CloudTpuStandIn:
                 query = dict(urllib.parse.parse_qsl(url.query))
                 with stand_in._lock:
                     stand_in.requests.append((method, url.path, body))
-                    code, reply = stand_in._route(method, url.path.removeprefix("/v2/"),
-                                                  query, body)
+                    if method == "DELETE":
+                        stand_in.deletes.append(time.monotonic())
+                    code, reply = stand_in._refusal(method, self.headers.get("Authorization"))
+                    if not code:
+                        code, reply = stand_in._route(method, url.path.removeprefix("/v2/"),
+                                                      query, body)
                 data = json.dumps(reply).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -65,11 +77,30 @@ class CloudTpuStandIn:
         self.server.shutdown()
         self.server.server_close()
 
+    def add_queued_resource(self, parent: str, name: str, accelerator: str) -> str:
+        """An ACTIVE queued resource with its one node, as `up` leaves it: its name."""
+        full = f"{parent}/queuedResources/{name}"
+        self.resources[full] = {"name": full, "state": {"state": "ACTIVE"}, "tpu": {
+            "nodeSpec": [{"parent": parent, "nodeId": name,
+                          "node": {"acceleratorType": accelerator}}]}}
+        self.looks[full] = 0
+        self.add_node(parent, name, accelerator)
+        return full
+
     def add_node(self, parent: str, node_id: str, accelerator: str) -> None:
         """A node made by hand, with no queued resource."""
         self.nodes[f"{parent}/nodes/{node_id}"] = self._node(parent, node_id, accelerator)
 
     # ------------------------------------------------------------------ routes
+
+    def _refusal(self, method: str, authorization: str | None) -> tuple[int, dict]:
+        """(0, {}) for a call let through; else its 401 or 403."""
+        if self.bearer is not None and authorization != f"Bearer {self.bearer}":
+            return _error(401, "UNAUTHENTICATED", "Request had invalid authentication "
+                          "credentials. Expected OAuth 2 access token.")
+        if method == "DELETE" and self.forbid:
+            return _error(403, "PERMISSION_DENIED", self.forbid)
+        return 0, {}
 
     def _route(self, method: str, path: str, query: dict, body: dict) -> tuple[int, dict]:
         parts = path.split("/")

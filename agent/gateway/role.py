@@ -46,7 +46,7 @@ class GatewayRole:
         self._config = config
         self._host = host
         self._advertise = advertise
-        self.scheduler = Scheduler(self._make_job, config.output_interval)
+        self.scheduler = Scheduler(self._make_job, config.output_interval, host.idle)
 
     def accept(self, spec: pb.JobSpec, requests: Iterator[pb.RunRequest],
                context: grpc.ServicerContext, submit: bool = True
@@ -56,6 +56,12 @@ class GatewayRole:
         existing = self._host.store.get(spec.job_id)
         if existing is not None:
             return existing, False
+        if self._host.idle.done:                  # (--idle-delete: the VM goes soon)
+            abort(context, Refused(
+                grpc.StatusCode.FAILED_PRECONDITION, "deleted",
+                f"the slice of {self._host.endpoint()} is being deleted: it was idle for "
+                f"{self._config.idle_delete_minutes:g} min (--idle-delete) and the Cloud TPU "
+                "API took the request; make another (remote-tpu up)"))
         try:
             hosts = hosts_for(spec, self._config.slice, self._host.endpoint())
             self._check_python(spec)
@@ -63,7 +69,8 @@ class GatewayRole:
             abort(context, r)
         path = self._host.uploads.new_file(spec.job_id) if spec.payload_size > INLINE_BYTES else ""
         try:
-            payload = self._host.uploads.receive(spec, requests, path, context)
+            with self._host.idle.hold():           # (a large payload may take a while)
+                payload = self._host.uploads.receive(spec, requests, path, context)
             spec.num_hosts = len(hosts)
             spec.hosts[:] = hosts
             # (Not yet written when its caller may run it at once: then its

@@ -27,6 +27,7 @@ from remote_tpu_agent.jobs.attempts import next_attempt
 from remote_tpu_agent.gateway.job import GatewayJob
 from remote_tpu_agent.jobs.host_log import StoreFull
 from remote_tpu_agent.gateway.stalls import STALLS_KEPT
+from remote_tpu_agent.host.idle import IdleClock
 from remote_tpu_agent.host.output_dir import OutputSync
 from remote_tpu_agent.gateway.reports import bound_end
 from remote_tpu_agent.jobs.store import JobRecord
@@ -47,9 +48,10 @@ class Scheduler(WarmScheduling):
     """
 
     def __init__(self, make_job: Callable[[JobRecord, WarmSession | None], GatewayJob],
-                 output_interval: float = 30.0) -> None:
+                 output_interval: float = 30.0, idle: IdleClock | None = None) -> None:
         self._make_job = make_job
         self._output_interval = output_interval      # output_dir= uploads (host.output_dir)
+        self._idle = idle or IdleClock.never()       # told whenever the slice is busy or not
         self._queue: collections.deque[JobRecord] = collections.deque()
         self._cond = threading.Condition()
         self._current: tuple[JobRecord, GatewayJob | None] | None = None
@@ -69,7 +71,10 @@ class Scheduler(WarmScheduling):
             self._cond.notify_all()
 
     def _renumber(self) -> None:
-        """Each queued job's place. A warm session's own caller goes first."""
+        """Each queued job's place. A warm session's own caller goes first.
+        (Called after every change of who holds or waits for the slice: the
+        idle clock hears here whether any does.)"""
+        self._idle.note(bool(self._queue or self._current or self._warm or self._inline))
         warm = self._warm if self._current is None else None
         mine = [r for r in self._queue if warm and r.spec.client_id == warm.owner]
         others = [r for r in self._queue if not (warm and r.spec.client_id == warm.owner)]

@@ -47,6 +47,8 @@ class AgentConfig:
     output_interval: float = 30.0       # seconds between uploads of output_dir= files
     pythons: tuple[str, ...] = ()       # interpreters of other Python versions (host.pythons)
     python_downloads: bool = True       # uv may install a Python a client needs
+    idle_delete_minutes: float = 0.0    # > 0: worker 0 deletes the slice so long idle
+    idle_delete_resource: str = ""      # ... this queued resource or node (host.idle_delete)
 
     @property
     def peer_credentials(self) -> Credentials:

@@ -14,6 +14,7 @@ from remote_tpu_agent.jobs.store import JobStore
 from remote_tpu_agent.host.tpu import TpuGuard
 from remote_tpu_agent.host.uploads import Uploads
 from remote_tpu_agent.host.envs import Envs
+from remote_tpu_agent.host.idle import IdleClock
 from remote_tpu_agent.host.working_dirs import WorkingDirs
 
 
@@ -23,7 +24,8 @@ class Host:
     and the trees of working_dir= jobs,
     and what only the server can say: its endpoint (once bound), a worker's
     environment for a job spec, process id and coordinator, and whether this
-    VM has been preempted."""
+    VM has been preempted; and the clock that tells how long it has been idle
+    (``--idle-delete``)."""
 
     store: JobStore
     uploads: Uploads
@@ -39,3 +41,5 @@ class Host:
     simulated: bool = False             # JAX on CPU (--simulate-devices): no jax[tpu]
     # Bulk bytes beside gRPC (none with TLS), once opened (after the gRPC port).
     data_port: Callable[[], DataPort | None] = lambda: None
+    # Work comes and goes (``--idle-delete``): the roles hold it while theirs lasts.
+    idle: IdleClock = dataclasses.field(default_factory=IdleClock.never)

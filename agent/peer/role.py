@@ -95,8 +95,9 @@ class PeerRole:
                                        why))
             pinned[:] = refs_of(spec)
             record.set_phase(pb.JOB_PHASE_RUNNING)
-            yield from PeerCall(self._host, spec, payload, requests, record, context, paths,
-                                pinned, self._runs).events()
+            with self._host.idle.hold():     # another slice's gateway's job (multislice)
+                yield from PeerCall(self._host, spec, payload, requests, record, context,
+                                    paths, pinned, self._runs).events()
         finally:
             self._host.blobs.unpin(pinned)
             if payload_file and os.path.exists(payload_file):

@@ -25,6 +25,7 @@ from remote_tpu._core.versions import __version__
 from remote_tpu_agent.wire.discovery import discover
 from remote_tpu_agent.jobs.host_log import DEFAULT_MAX_LOG_BYTES, MIN_LOG_BYTES
 from remote_tpu_agent.host.config import AgentConfig
+from remote_tpu_agent.host.idle_delete import check_minutes, check_resource
 from remote_tpu_agent.server.service import create_server
 from remote_tpu_agent.jobs.store import DEFAULT_MAX_STORE_BYTES
 from remote_tpu_agent.host.tpu import DEFAULT_DEVICES, DEFAULT_LOCKFILE
@@ -143,6 +144,18 @@ def _serve_parser() -> argparse.ArgumentParser:
                         "machine, where a spare with jax for each would cost ~0.8 s of CPU "
                         "and ~150 MB; a spare taken is then replaced once its worker has "
                         "exited and the machine's CPUs are idle again, not during its call")
+    p.add_argument("--idle-delete", type=_minutes_arg, default=0.0, metavar="MINUTES",
+                   help="delete this slice once it has been idle that long (no job running "
+                        "or queued, no warm session), as SkyPilot's autostop does: worker 0 "
+                        "decides for the whole slice and asks the Cloud TPU API with the "
+                        "VM's own service account (it needs the cloud-platform scope and "
+                        "the right to delete it; where it lacks them the agent warns at "
+                        "start and `remote-tpu doctor` says so). Fractions allowed (0.5 = "
+                        "30 s); needs --idle-delete-resource (default: off)")
+    p.add_argument("--idle-delete-resource", type=_resource_arg, default=None, metavar="NAME",
+                   help="what --idle-delete deletes: projects/PROJECT/locations/ZONE/"
+                        "queuedResources/NAME (with its nodes), or .../nodes/NAME for a TPU "
+                        "VM made without a queued resource")
     p.add_argument("--exit-with-stdin", action="store_true",
                    help="shut down when standard input closes (the local slice uses this "
                         "so agents never outlive their client)")
@@ -164,6 +177,21 @@ def _size_arg(text: str) -> int:
     if number <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
     return number
+
+
+def _minutes_arg(text: str) -> float:
+    try:
+        return check_minutes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--idle-delete ")) from None
+
+
+def _resource_arg(text: str) -> str:
+    try:
+        return check_resource(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            str(exc).removeprefix("--idle-delete-resource ")) from None
 
 
 def _token_main(argv: list[str]) -> int:
@@ -322,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         argv = argv[1:]
     parser = _serve_parser()
     args = parser.parse_args(argv)
+    if bool(args.idle_delete) != bool(args.idle_delete_resource):
+        parser.error("--idle-delete MINUTES and --idle-delete-resource NAME go together: "
+                     "the one says when, the other what to delete")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.captureWarnings(True)    # e.g. a peer reached without TLS: a log line, once
@@ -385,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
         cache_bytes=args.cache_bytes,
         compilation_cache_bytes=args.compilation_cache_bytes,
         cache_dir=args.cache_dir, data_port=args.data_port, output_interval=args.output_interval,
-        pythons=tuple(args.python), python_downloads=not args.no_python_downloads)
+        pythons=tuple(args.python), python_downloads=not args.no_python_downloads,
+        idle_delete_minutes=args.idle_delete,
+        idle_delete_resource=args.idle_delete_resource or "")
     try:
         server, port, service = create_server(config)
     except ConfigurationError as exc:

@@ -6,9 +6,11 @@ onto these."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+import threading
 
 from remote_tpu._core.addresses import host_of, join_host_port
 from remote_tpu._core.multislice import disagreement
@@ -19,6 +21,8 @@ from remote_tpu_agent.host.blobs import BlobCache
 from remote_tpu_agent.host.cache_dir import cache_dir
 from remote_tpu_agent.host.config import AgentConfig
 from remote_tpu_agent.host.envs import Envs
+from remote_tpu_agent.host.idle import IdleClock
+from remote_tpu_agent.host.idle_delete import SliceDeleter
 from remote_tpu_agent.host.output_dir import output_env
 from remote_tpu_agent.host.pythons import Pythons
 from remote_tpu_agent.host.shared import Host
@@ -35,6 +39,8 @@ from remote_tpu_agent.worker.environment import (child_environment, compilation_
                                                  num_processes, num_slices, spare_env,
                                                  worker_env)
 from remote_tpu_agent.worker.spares import Spares
+
+log = logging.getLogger(__name__)
 
 
 class AgentParts:
@@ -64,6 +70,7 @@ class AgentParts:
         self.blobs = BlobCache(cache_dir(config.cache_dir, self.state_dir),
                                config.cache_bytes)
         self.data_port: DataPort | None = None     # opened once the gRPC port is bound
+        self.deleter, self.idle = _idle_delete(config)
         host = Host(store=self.store, uploads=uploads, blobs=self.blobs, tpu=self.tpu,
                     spares=self.spares,
                     endpoint=lambda: self.endpoint, env_for=self._env_for,
@@ -75,12 +82,13 @@ class AgentParts:
                             os.environ, config.pass_env, installer=True))),
                     output_interval=config.output_interval,
                     simulated=bool(config.simulate_devices),
-                    data_port=lambda: self.data_port)
+                    data_port=lambda: self.data_port, idle=self.idle)
         self.gateway = GatewayRole(config=config, host=host, advertise=self.address)
         self.scheduler = self.gateway.scheduler
         self.peer = PeerRole(host)
         self.jobs = JobViews(self.store, config.slice, lambda: self.endpoint)
-        self.queries = SliceQueries(config, self.tpu, lambda: self.endpoint)
+        self.queries = SliceQueries(config, self.tpu, lambda: self.endpoint, self.deleter)
+        self.idle.start()
 
     @property
     def endpoint(self) -> str:
@@ -110,6 +118,7 @@ class AgentParts:
 
     def stop_all(self) -> None:
         """Agent shutdown: cancel every job (telling callers why) and kill every worker."""
+        self.idle.stop()             # (ending jobs is no idleness)
         if self.preempted():
             self.scheduler.shutdown(f"host {self.endpoint} was preempted",
                                     pb.JOB_STATE_PREEMPTED)
@@ -123,3 +132,18 @@ class AgentParts:
         self.store.close()
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _idle_delete(config: AgentConfig) -> tuple[SliceDeleter | None, IdleClock]:
+    """``--idle-delete``: on worker 0 (the gateway, which decides for the whole
+    slice) a deleter and the clock that calls it; elsewhere a clock that never
+    rings. The VM's scopes are read in the background: the agent listens at once."""
+    if not config.idle_delete_minutes:
+        return None, IdleClock.never()
+    if config.slice.worker_id != 0:
+        log.info("--idle-delete: worker %d leaves it to worker 0, which decides for the "
+                 "whole slice", config.slice.worker_id)
+        return None, IdleClock.never()
+    deleter = SliceDeleter(config.idle_delete_minutes, config.idle_delete_resource)
+    threading.Thread(target=deleter.check_access, daemon=True, name="idle-delete").start()
+    return deleter, IdleClock(config.idle_delete_minutes * 60, deleter.delete)

@@ -51,7 +51,11 @@ log = logging.getLogger(__name__)
 
 class AgentService(pb_grpc.AgentServicer):
     """The RPCs, each mapped onto the agent's parts (``server.parts``); the
-    stream slots that keep short calls answering are the server's own."""
+    stream slots that keep short calls answering are the server's own.
+
+    Why over 200 lines: one short method per RPC of the service (twenty of
+    them); split, one RPC table would live in several classes.
+    """
 
     def __init__(self, parts: AgentParts) -> None:
         self.parts = parts
@@ -166,6 +170,7 @@ class AgentService(pb_grpc.AgentServicer):
             return pb.DataTicket(refused=(
                 f"a buffer of {request.blob.size:,} bytes is larger than its whole argument "
                 f"cache (--cache-bytes {self.parts.blobs.max_bytes:,})"))
+        self.parts.idle.touch()          # a call's large arguments: the call follows
         credentials, peers = self.parts.config.peer_credentials, self.parts.slice_peers
         ticket = self.parts.data_port.issue(
             lambda sock: self.parts.blobs.receive_raw(sock, request, credentials, peers))
@@ -178,8 +183,10 @@ class AgentService(pb_grpc.AgentServicer):
                 context: grpc.ServicerContext) -> pb.BlobStored:
         release = self.streams.take(context, self.parts.endpoint)
         try:
-            return self.parts.blobs.receive(request_iterator, self.parts.config.peer_credentials,
-                                      self.parts.slice_peers)
+            with self.parts.idle.hold():
+                return self.parts.blobs.receive(request_iterator,
+                                                self.parts.config.peer_credentials,
+                                                self.parts.slice_peers)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:

@@ -16,24 +16,29 @@ from remote_tpu._core.proto import remote_tpu_pb2_grpc as pb_grpc
 from remote_tpu._core.versions import versions_pb
 
 from remote_tpu_agent.host.config import AgentConfig
+from remote_tpu_agent.host.idle_delete import SliceDeleter
 from remote_tpu_agent.host.tpu import TpuGuard
 
 
 class SliceQueries:
-    def __init__(self, config: AgentConfig, tpu: TpuGuard, endpoint: Callable[[], str]) -> None:
+    def __init__(self, config: AgentConfig, tpu: TpuGuard, endpoint: Callable[[], str],
+                 deleter: SliceDeleter | None = None) -> None:
         self._config = config
         self._tpu = tpu
         self._endpoint = endpoint
+        self._deleter = deleter         # --idle-delete, on the gateway
 
     def health(self) -> pb.HealthReply:
         found = self._config.slice
         num, slice_id, coordinator = found.megascale or (0, 0, "")
+        idle_delete, problem = self._deleter.status() if self._deleter else ("", "")
         return pb.HealthReply(versions=versions_pb(), agent_address=self._endpoint(),
                               worker_id=found.worker_id, peers=found.peers,
                               simulate_devices=self._config.simulate_devices,
                               accelerator=found.accelerator, slice_source=found.source,
                               tpu_busy=self._tpu.busy(), megascale_num_slices=num,
-                              megascale_slice_id=slice_id, megascale_coordinator=coordinator)
+                              megascale_slice_id=slice_id, megascale_coordinator=coordinator,
+                              idle_delete=idle_delete, idle_delete_problem=problem)
 
     def doctor(self, hosts: list[str], probe: list[str] = ()) -> pb.DoctorReply:
         """Every host's health: of ``hosts`` (first = this one) when the client

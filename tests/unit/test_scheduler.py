@@ -13,6 +13,7 @@ import pytest
 from conftest import wait_until
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
 from remote_tpu_agent.gateway.scheduler import Scheduler
+from remote_tpu_agent.host.idle import IdleClock
 from remote_tpu_agent.jobs.store import JobStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -473,6 +474,34 @@ def test_shutdown_of_an_idle_scheduler_returns_at_once(jobs):
     scheduler.shutdown("stopping", timeout=5)
     assert time.monotonic() - started < 4
     assert jobs.made == []
+
+
+# ---------------------------------------------------------------- idle (--idle-delete)
+
+def test_the_idle_clock_hears_when_jobs_run_or_wait_and_when_none_does(store, jobs):
+    clock = IdleClock(3600.0, lambda idle: True)      # (never rings here: it is not started)
+    scheduler = Scheduler(jobs, idle=clock)
+    try:
+        assert clock.idle_for() > 0
+        a, b, c = new(store, "a"), new(store, "b"), new(store, "c")
+        for record in (a, b, c):
+            scheduler.submit(record)
+        await_phase(a, pb.JOB_PHASE_RUNNING)
+        scheduler.cancel("c", "not wanted")            # one of two queued: still busy
+        assert clock.idle_for() == 0.0
+        jobs["a"].finish()
+        await_phase(b, pb.JOB_PHASE_RUNNING)
+        assert clock.idle_for() == 0.0
+        jobs["b"].finish()
+        await_phase(b, pb.JOB_PHASE_SUCCEEDED)
+        eventually(lambda: clock.idle_for() > 0, "idle once the last job ended")
+        d = new(store, "d")
+        scheduler.submit(d)
+        assert clock.idle_for() == 0.0                 # at once, queued or not
+        scheduler.cancel("d", "not wanted either")
+        eventually(lambda: clock.idle_for() > 0, "idle once the queue is empty")
+    finally:
+        scheduler.shutdown("test over", timeout=5)
 
 
 # ---------------------------------------------------------------- restart

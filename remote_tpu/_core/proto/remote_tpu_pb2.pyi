@@ -430,7 +430,7 @@ class HealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HealthReply(_message.Message):
-    __slots__ = ("versions", "agent_address", "worker_id", "peers", "simulate_devices", "accelerator", "tpu_busy", "slice_source", "megascale_num_slices", "megascale_slice_id", "megascale_coordinator")
+    __slots__ = ("versions", "agent_address", "worker_id", "peers", "simulate_devices", "accelerator", "tpu_busy", "slice_source", "megascale_num_slices", "megascale_slice_id", "megascale_coordinator", "idle_delete", "idle_delete_problem")
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -442,6 +442,8 @@ class HealthReply(_message.Message):
     MEGASCALE_NUM_SLICES_FIELD_NUMBER: _ClassVar[int]
     MEGASCALE_SLICE_ID_FIELD_NUMBER: _ClassVar[int]
     MEGASCALE_COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    IDLE_DELETE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_DELETE_PROBLEM_FIELD_NUMBER: _ClassVar[int]
     versions: Versions
     agent_address: str
     worker_id: int
@@ -453,7 +455,9 @@ class HealthReply(_message.Message):
     megascale_num_slices: int
     megascale_slice_id: int
     megascale_coordinator: str
-    def __init__(self, versions: _Optional[_Union[Versions, _Mapping]] = ..., agent_address: _Optional[str] = ..., worker_id: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ..., simulate_devices: _Optional[int] = ..., accelerator: _Optional[str] = ..., tpu_busy: _Optional[str] = ..., slice_source: _Optional[str] = ..., megascale_num_slices: _Optional[int] = ..., megascale_slice_id: _Optional[int] = ..., megascale_coordinator: _Optional[str] = ...) -> None: ...
+    idle_delete: str
+    idle_delete_problem: str
+    def __init__(self, versions: _Optional[_Union[Versions, _Mapping]] = ..., agent_address: _Optional[str] = ..., worker_id: _Optional[int] = ..., peers: _Optional[_Iterable[str]] = ..., simulate_devices: _Optional[int] = ..., accelerator: _Optional[str] = ..., tpu_busy: _Optional[str] = ..., slice_source: _Optional[str] = ..., megascale_num_slices: _Optional[int] = ..., megascale_slice_id: _Optional[int] = ..., megascale_coordinator: _Optional[str] = ..., idle_delete: _Optional[str] = ..., idle_delete_problem: _Optional[str] = ...) -> None: ...
 
 class JaxTimeouts(_message.Message):
     __slots__ = ("initialization_seconds", "heartbeat_seconds", "shutdown_seconds")
