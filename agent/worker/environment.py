@@ -227,7 +227,7 @@ def _tpu_variables(base: Mapping[str, str], spec: pb.JobSpec, process_id: int,
     per_slice = hosts_per_slice(spec)
     slice_id, host = divmod(host, per_slice)
     if per_slice <= 1:
-        return tpu_process_env(topology.chips_per_host, n, k)
+        return _gke_worker_id(base, tpu_process_env(topology.chips_per_host, n, k))
     addresses = list(host_addresses) or slice_host_addresses(spec, coordinator)
     if len(addresses) != spec.num_hosts:
         raise ValueError(
@@ -240,8 +240,18 @@ def _tpu_variables(base: Mapping[str, str], spec: pb.JobSpec, process_id: int,
     # so in its own TPU_HOST_BOUNDS, when the agent's environment has it.
     bounds = (_bounds_from(base.get("TPU_HOST_BOUNDS"), per_slice)
               or slice_host_bounds(topology))
-    return tpu_process_env(topology.chips_per_host, n, k, host=host,
-                           host_addresses=addresses, host_bounds=bounds)
+    return _gke_worker_id(base, tpu_process_env(topology.chips_per_host, n, k, host=host,
+                                                host_addresses=addresses,
+                                                host_bounds=bounds))
+
+
+def _gke_worker_id(base: Mapping[str, str], env: dict[str, str]) -> dict[str, str]:
+    """On GKE (the agent's environment has ``TPU_WORKER_ID``) a process's
+    ``TPU_WORKER_ID`` is its index in ``TPU_PROCESS_ADDRESSES``, as JAX's
+    ``GkeTpuCluster`` reads it: the process's own, not the agent's host's."""
+    if "TPU_WORKER_ID" in base:
+        env["TPU_WORKER_ID"] = env["CLOUD_TPU_TASK_ID"]
+    return env
 
 
 def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,
