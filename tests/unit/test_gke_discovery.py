@@ -13,10 +13,9 @@ fixed 8482: the host is what both must agree on."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from gke_env import gke_env, jax_gke_cluster, jax_sees
 from metadata_server import MetadataStandIn
 from remote_tpu._core.addresses import host_of, join_host_port
 from remote_tpu._core.exceptions import ConfigurationError
@@ -27,7 +26,7 @@ from remote_tpu_agent.worker.environment import child_environment, worker_env
 
 pytestmark = pytest.mark.timeout(60)
 
-GkeTpuCluster = pytest.importorskip("jax._src.clusters.cloud_tpu_cluster").GkeTpuCluster
+jax_gke_cluster()          # skips without jax
 
 AGENT_PORT = 8475
 COORDINATOR_PORT = 4321        # the port a gateway picked for this job's coordinator
@@ -40,32 +39,6 @@ def metadata():
     server = MetadataStandIn({"tpu-env": ""})
     yield server.address
     server.close()
-
-
-def gke_env(accelerator: str, hosts: list[str], per_host: int, index: int) -> dict[str, str]:
-    """What GKE gives the pod of process ``index`` of a slice (TPU7x: process
-    ``index % 2`` of VM ``index // 2``)."""
-    env = {"TPU_WORKER_ID": str(index), "TPU_WORKER_HOSTNAMES": ",".join(hosts),
-           "TPU_ACCELERATOR_TYPE": accelerator, "PATH": "/usr/bin"}
-    if per_host > 1:
-        env["TPU_PROCESS_ADDRESSES"] = ",".join(f"{h}:{8476 + k}" for h in hosts
-                                                for k in range(per_host))
-    return env
-
-
-def jax_sees(env: dict[str, str], metadata: str, monkeypatch) -> tuple[int, int, str]:
-    """(process id, process count, coordinator host) by jax's own code."""
-    with monkeypatch.context() as m:
-        for name in list(os.environ):
-            if name.startswith(("TPU_", "MEGASCALE_", "CLOUD_TPU_")):
-                m.delenv(name)
-        for name, value in env.items():
-            m.setenv(name, value)
-        m.setenv("GCE_METADATA_IP", metadata)
-        coordinator = GkeTpuCluster.get_coordinator_address(
-            timeout_secs=5, override_coordinator_port=None)
-        return (GkeTpuCluster.get_process_id(), GkeTpuCluster.get_process_count(),
-                host_of(coordinator))
 
 
 def agent_worker_env(found: Slice, env: dict[str, str], k: int) -> dict[str, str]:
@@ -95,7 +68,8 @@ def test_agents_on_gke_agree_with_jaxs_cluster_code(accelerator, per_host, metad
     for host in range(topology.hosts):
         # One agent per VM, in a pod GKE gave the variables of the VM's first
         # process; it runs every process of its VM.
-        agent_env = gke_env(accelerator, hosts, per_host, host * per_host)
+        agent_env = {**gke_env(accelerator, hosts, per_host, host * per_host),
+                     "PATH": "/usr/bin"}
         found = discover(port=AGENT_PORT, env=agent_env, use_metadata=False)
         assert found.source == "environment" and found.worker_id == host
         assert found.peers == tuple(f"{h}:{AGENT_PORT}" for h in hosts)
