@@ -60,8 +60,9 @@ class Slice:
     def processes_disagreement(self, processes_per_host: int) -> str:
         """Why a job's ``processes_per_host`` contradicts the processes this
         host's environment lists (its workers would see libtpu variables for
-        another number of processes); "" where they agree or it lists none."""
-        if self.source != "environment" or self.processes_per_host == processes_per_host:
+        another number of processes); "" where they agree or it lists one per
+        host (any number of the job's own then replaces those variables)."""
+        if self.source != "environment" or self.processes_per_host in (1, processes_per_host):
             return ""
         return (f"this slice's environment lists {self.processes_per_host} JAX process(es) "
                 f"per host (TPU_PROCESS_ADDRESSES; TPU7x on GKE runs 2 per VM), but the job "

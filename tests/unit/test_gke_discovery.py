@@ -97,6 +97,9 @@ def test_a_job_with_other_processes_per_host_than_gke_lists_is_refused():
                      use_metadata=False)
     assert (found.worker_id, found.processes_per_host) == (1, 2)
     assert "use processes_per_host=2" in found.processes_disagreement(1)
+    # One process per VM listed (v5p, v6e): a job may run several of its own.
+    found = discover(port=AGENT_PORT, env=gke_env("v5p-32", hosts, 1, 3), use_metadata=False)
+    assert found.processes_disagreement(2) == ""
 
 
 @pytest.mark.parametrize("addresses, expected", [
