@@ -37,7 +37,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu._core.topology import HOST_GRID as _HOST_GRID, Bounds, Topology, chip_shape
+from remote_tpu._core.topology import HOST_GRID as _HOST_GRID, Bounds, Topology
 from remote_tpu._core.addresses import host_of, join_host_port
 from remote_tpu._core.multislice import MEGASCALE_PORT, megascale_env, place
 
@@ -149,7 +149,7 @@ def slice_host_bounds(accelerator: str | Topology) -> Bounds:
     if topology.hosts == 1:
         return (1, 1, 1)
     gx, gy = _HOST_GRID.get(topology.chips_per_host, (1, topology.chips_per_host))
-    a, b, c = chip_shape(topology.chips, topology.generation, (gx, gy))
+    a, b, c = topology.chip_bounds
     return (a // gx, b // gy, c)
 
 
