@@ -12,6 +12,7 @@ from ._core.exceptions import ConfigurationError, RemoteTPUError
 from ._core.addresses import HOSTS_ENV
 from ._core.versions import __version__, local_versions
 from ._cli_cloud import add_parsers as add_cloud_parsers
+from ._cli_gke import add_parsers as add_gke_parsers
 from ._cli_jobs import add_parser as add_jobs_parser
 from ._cli_run import add_parsers, hosts_arg as _hosts_arg
 
@@ -179,6 +180,7 @@ def parser() -> argparse.ArgumentParser:
     add_jobs_parser(sub)
     add_parsers(sub)
     add_cloud_parsers(sub)
+    add_gke_parsers(sub)
     return p
 
 
@@ -187,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command is None:
         p.error("give a command: run, exec, jobs, top, doctor, local, release, setup, up, "
-                "down, slices or version "
+                "down, slices, gke or version "
                 "(`remote-tpu --help` says what each does)")
     if args.command == "local":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -146,7 +146,7 @@ def run(fn: Callable[..., Any] | None = None, /, *,
         jax_timeouts: JaxTimeouts | None = None,
         token: str | None = None,
         tls: TLS | None = None,
-        processes_per_host: int = 1,
+        processes_per_host: int | None = None,
         keep_warm: float | None = None,
         init_jax: bool = True,
         working_dir: str | os.PathLike | None = None,
@@ -181,7 +181,8 @@ def run(fn: Callable[..., Any] | None = None, /, *,
     tls: ``remote_tpu.TLS(ca=..., cert=..., key=...)`` to verify the agent's
         certificate (``REMOTE_TPU_TLS_CA``, ``_CERT``, ``_KEY``).
     processes_per_host: JAX processes on each host, sharing its chips evenly
-        (process id = host * processes_per_host + k).
+        (process id = host * processes_per_host + k); default: 2 on TPU7x, as
+        GKE runs it, else 1.
     keep_warm: seconds to keep every host's worker alive, ``jax.distributed``
         initialized, after a call (``REMOTE_TPU_KEEP_WARM``; default 0 = off).
         This process's next call with the same slice and worker-shaping options

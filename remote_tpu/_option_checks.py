@@ -153,8 +153,10 @@ def tls(value: TLS | None, get: Get) -> TLS | None:
     return value
 
 
-def processes_per_host(value: int, get: Get) -> int:
-    topology, n = get("accelerator"), value
+def processes_per_host(value: int | None, get: Get) -> int:
+    """None: the accelerator's own (TPU7x: 2, the processes GKE runs per VM)."""
+    topology = get("accelerator")
+    n = topology.gke_processes_per_host if value is None else value
     if isinstance(n, bool) or not isinstance(n, int) or n < 1 or \
             topology.chips_per_host % n or topology.devices_per_host % n:
         divisors = [d for d in range(1, topology.chips_per_host + 1)

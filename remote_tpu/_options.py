@@ -243,8 +243,10 @@ OPTIONS: tuple[Option, ...] = (
            more_env=("REMOTE_TPU_TLS_CA", "REMOTE_TPU_TLS_CERT", "REMOTE_TPU_TLS_KEY",
                      "REMOTE_TPU_TLS_SERVER_NAME"),
            means="from REMOTE_TPU_TLS_CA (and _CERT, _KEY, _SERVER_NAME), else none"),
-    Option("processes_per_host", "int", 1, check.processes_per_host,
+    Option("processes_per_host", "int | None", None, check.processes_per_host,
            "JAX processes on each host, sharing its chips evenly",
+           means="the accelerator's: 2 on TPU7x (GKE runs two JAX processes per VM), "
+                 "else 1",
            spec=_same("processes_per_host", "processes_per_host"),
            flag=Flag(metavar="N", parse=check.whole)),
     Option("keep_warm", "float | None", None, check.keep_warm,

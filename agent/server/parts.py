@@ -36,8 +36,8 @@ from remote_tpu_agent.server.slice_queries import SliceQueries
 from remote_tpu_agent.wire.data_port import DataPort
 from remote_tpu_agent.wire.discovery import MetadataServer, advertise_address
 from remote_tpu_agent.worker.environment import (child_environment, compilation_cache_env,
-                                                 num_processes, num_slices, spare_env,
-                                                 worker_env)
+                                                 num_processes, num_slices, processes_per_host,
+                                                 spare_env, worker_env)
 from remote_tpu_agent.worker.spares import Spares
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,9 @@ class AgentParts:
                                coordinator_host=host_of(coordinator))
             if why:
                 raise ValueError(why)
+        why = self.config.slice.processes_disagreement(processes_per_host(spec))
+        if why and not self.config.simulate_devices:
+            raise ValueError(why)
         return {**worker_env(self._worker_base_env, spec=spec, process_id=process_id,
                              coordinator=coordinator,
                              simulate_devices=self.config.simulate_devices),

@@ -3,7 +3,14 @@
 Sources, in order:
 1. explicit flags (``--worker-id``, ``--peers``): what the operator said wins;
 2. the environment, as GKE sets it: ``TPU_WORKER_ID``, ``TPU_WORKER_HOSTNAMES``
-   (comma separated, in worker order), ``TPU_ACCELERATOR_TYPE``;
+   (comma separated, in worker order), ``TPU_ACCELERATOR_TYPE``, and where GKE
+   runs several JAX processes per VM (TPU7x: two), ``TPU_PROCESS_ADDRESSES``
+   (``host:port`` of every process, host by host). Read as JAX's own GKE
+   cluster code reads them (``GkeTpuCluster`` in
+   ``jax/_src/clusters/cloud_tpu_cluster.py``): the process list is
+   ``TPU_PROCESS_ADDRESSES`` if set, else ``TPU_WORKER_HOSTNAMES``, and
+   ``TPU_WORKER_ID`` is an index into it; this agent is the host of that
+   process, its worker id that host's place among the hosts;
 3. the GCE metadata server of a TPU VM: ``instance/attributes/agent-worker-number``,
    ``worker-network-endpoints`` (hostnames, or ``name:id:ip`` triples),
    ``accelerator-type`` and ``tpu-env``, asked with ``Metadata-Flavor: Google``,
@@ -25,7 +32,7 @@ import time
 from collections.abc import Mapping
 
 from remote_tpu._core.exceptions import ConfigurationError
-from remote_tpu._core.addresses import join_host_port
+from remote_tpu._core.addresses import host_of, join_host_port
 from remote_tpu._core.multislice import from_tpu_env, parse_tpu_env
 from remote_tpu._core.topology import Topology
 
@@ -41,12 +48,26 @@ class Slice:
     peers: tuple[str, ...] = ()   # every agent of the slice, index = worker id
     accelerator: str = ""         # e.g. "v5p-32", when a source says
     source: str = "none"          # "flags", "environment", "metadata" or "none"
+    # JAX processes per host where the environment lists them (TPU7x on GKE: 2).
+    processes_per_host: int = 1
     # (num_slices, slice_id, coordinator host) where the TPU environment says
     # this slice is part of a multislice (``_core.multislice``).
     megascale: tuple[int, int, str] | None = None
 
     def describe(self) -> dict:
         return dataclasses.asdict(self)
+
+    def processes_disagreement(self, processes_per_host: int) -> str:
+        """Why a job's ``processes_per_host`` contradicts the processes this
+        host's environment lists (its workers would see libtpu variables for
+        another number of processes); "" where they agree or it lists one per
+        host (any number of the job's own then replaces those variables)."""
+        if self.source != "environment" or self.processes_per_host in (1, processes_per_host):
+            return ""
+        return (f"this slice's environment lists {self.processes_per_host} JAX process(es) "
+                f"per host (TPU_PROCESS_ADDRESSES; TPU7x on GKE runs 2 per VM), but the job "
+                f"asks for processes_per_host={processes_per_host}: use "
+                f"processes_per_host={self.processes_per_host}")
 
 
 class MetadataServer:
@@ -129,6 +150,61 @@ def _hosts_from_endpoints(value: str, source: str) -> list[str]:
     return hosts
 
 
+def _hosts_of_processes(value: str) -> tuple[list[str], int]:
+    """``TPU_PROCESS_ADDRESSES`` -> (the hosts in order, processes per host).
+    Process ``i`` is process ``i % n`` of host ``i // n``: the order JAX's
+    process ids (``TPU_WORKER_ID``) and ours (host * n + k) both follow."""
+    where = "TPU_PROCESS_ADDRESSES"
+    hosts: list[str] = []
+    for item in (v.strip() for v in value.split(",")):
+        if not item:
+            continue
+        host = host_of(item)
+        if not host:
+            raise ConfigurationError(f"{where}: cannot read the address {item!r} "
+                                     "(expected host:port)")
+        hosts.append(host)
+    if not hosts:
+        raise ConfigurationError(f"{where} lists no processes")
+    unique = list(dict.fromkeys(hosts))
+    n, rest = divmod(len(hosts), len(unique))
+    if rest or hosts != [h for h in unique for _ in range(n)]:
+        raise ConfigurationError(
+            f"{where} lists {len(hosts)} processes on {len(unique)} hosts that are not "
+            f"grouped host by host, the same number on each ({value}); the agent numbers "
+            "processes host * processes_per_host + k, as GKE lists them")
+    return unique, n
+
+
+def _from_environment(env: Mapping[str, str], port: int) -> Slice:
+    """The slice as GKE's variables describe it (see the module docstring)."""
+    processes = env.get("TPU_PROCESS_ADDRESSES")
+    hostnames = env.get("TPU_WORKER_HOSTNAMES")
+    index = _worker_id(env["TPU_WORKER_ID"], "TPU_WORKER_ID")
+    if processes:
+        hosts, n = _hosts_of_processes(processes)
+        _check(index, [h for h in hosts for _ in range(n)], "TPU_PROCESS_ADDRESSES")
+        worker = index // n
+        if hostnames:
+            named = [host_of(h) for h in _hosts_from_endpoints(hostnames,
+                                                               "TPU_WORKER_HOSTNAMES")]
+            if named != hosts:
+                raise ConfigurationError(
+                    f"TPU_WORKER_HOSTNAMES ({', '.join(named)}) and the hosts of "
+                    f"TPU_PROCESS_ADDRESSES ({', '.join(hosts)}) differ: JAX reads "
+                    "TPU_PROCESS_ADDRESSES; set both from the same pods, in the same order")
+    else:
+        hosts, n, worker = _hosts_from_endpoints(hostnames or "", "TPU_WORKER_HOSTNAMES"), \
+            1, index
+        _check(worker, hosts, "TPU_WORKER_HOSTNAMES")
+    log.debug("slice from the environment: worker %d of %s, %d process(es) each", worker,
+              hosts, n)
+    return Slice(worker_id=worker, peers=tuple(join_host_port(h, port) for h in hosts),
+                 accelerator=_accelerator(env.get("TPU_ACCELERATOR_TYPE"),
+                                          "TPU_ACCELERATOR_TYPE"),
+                 source="environment", megascale=from_tpu_env(env), processes_per_host=n)
+
+
 def _accelerator(value: str | None, source: str) -> str:
     if not value:
         return ""
@@ -156,18 +232,11 @@ def discover(*, port: int, worker_id: int | None = None, peers: tuple[str, ...] 
         if peers:
             _check(worker, list(peers), "--peers")
         return Slice(worker_id=worker, peers=tuple(peers), source="flags")
-    hostnames = env.get("TPU_WORKER_HOSTNAMES")
+    hostnames = env.get("TPU_PROCESS_ADDRESSES") or env.get("TPU_WORKER_HOSTNAMES")
     if hostnames and env.get("TPU_WORKER_ID") is not None:
-        hosts = _hosts_from_endpoints(hostnames, "TPU_WORKER_HOSTNAMES")
-        worker = _worker_id(env["TPU_WORKER_ID"], "TPU_WORKER_ID")
-        _check(worker, hosts, "TPU_WORKER_HOSTNAMES")
-        log.debug("slice from the environment: worker %d of %s", worker, hosts)
-        return Slice(worker_id=worker, peers=tuple(join_host_port(h, port) for h in hosts),
-                     accelerator=_accelerator(env.get("TPU_ACCELERATOR_TYPE"),
-                                              "TPU_ACCELERATOR_TYPE"),
-                     source="environment", megascale=from_tpu_env(env))
-    log.debug("environment rejected: TPU_WORKER_HOSTNAMES=%r TPU_WORKER_ID=%r", hostnames,
-              env.get("TPU_WORKER_ID"))
+        return _from_environment(env, port)
+    log.debug("environment rejected: TPU_PROCESS_ADDRESSES/TPU_WORKER_HOSTNAMES=%r "
+              "TPU_WORKER_ID=%r", hostnames, env.get("TPU_WORKER_ID"))
     if not use_metadata or env.get("TPU_SKIP_MDS_QUERY") is not None:
         log.debug("metadata server not asked")
         return Slice()

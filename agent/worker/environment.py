@@ -37,7 +37,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from remote_tpu._core.proto import remote_tpu_pb2 as pb
-from remote_tpu._core.topology import Topology
+from remote_tpu._core.topology import HOST_GRID as _HOST_GRID, Bounds, Topology
 from remote_tpu._core.addresses import host_of, join_host_port
 from remote_tpu._core.multislice import MEGASCALE_PORT, megascale_env, place
 
@@ -138,56 +138,7 @@ def hosts_per_slice(spec: pb.JobSpec) -> int:
     return max(1, spec.num_hosts // num_slices(spec))
 
 
-# The chips of one TPU host as a 2D grid (4 chips: 2x2; 8 chips: 2x4).
-# https://cloud.google.com/tpu/docs/v4 and /v5p: a host is 2x2x1 chips;
-# https://cloud.google.com/tpu/docs/v5e and /v6e: 2x2 (4 chips) or 2x4 (8 chips).
-_HOST_GRID = {1: (1, 1), 2: (1, 2), 4: (2, 2), 8: (2, 4)}
 TPU_PROCESS_BASE_PORT = 8476
-
-Bounds = tuple[int, int, int]
-
-# Generations whose chips form a 3D torus (https://cloud.google.com/tpu/docs/v4,
-# https://cloud.google.com/tpu/docs/v5p); the others form a 2D one
-# (v2, v3: https://cloud.google.com/tpu/docs/system-architecture-tpu-vm;
-# https://cloud.google.com/tpu/docs/v5e, https://cloud.google.com/tpu/docs/v6e).
-_TORUS_3D = frozenset({"v4", "v5p"})
-
-
-def _chip_shape(chips: int, generation: str, host: tuple[int, int]) -> Bounds:
-    """The default chip topology of a slice of ``chips`` chips.
-
-    https://cloud.google.com/tpu/docs/types-topologies: "the default topology
-    associated with a given chip count is the one that's most similar to a cube";
-    a v4 (and v5p) topology is AxBxC with A <= B <= C, all <= 4 or all multiples
-    of 4. That rule gives every documented shape: v4/v5p 2x2x2 (16 cores),
-    2x2x4 (32), 2x4x4 (64), 4x4x4 (128), 4x4x8 (256), ..., 16x16x24
-    (https://cloud.google.com/tpu/docs/v5p); v5e/v6e 4x4, 4x8, 8x8, 8x16, 16x16
-    (https://cloud.google.com/tpu/docs/v5e); v2/v3 host grids 2x2 (v2-32), 2x4
-    (v3-64) ... 16x16 (v3-2048), as torch_xla's _ACCELERATOR_TYPE_TO_HOST_BOUNDS.
-    Whole hosts tile the slice: A and B are multiples of the host's grid.
-    """
-    hx, hy = host
-    shapes: list[Bounds] = []       # (A, B, C), A <= B <= C (2D: C = 1, A <= B)
-    if generation in _TORUS_3D:
-        for a in range(hx, chips + 1, hx):
-            if a * a * a > chips:
-                break
-            if chips % a:
-                continue
-            rest = chips // a
-            first_b = -(-a // hy) * hy          # the least multiple of hy that is >= a
-            shapes += [(a, b, rest // b) for b in range(first_b, math.isqrt(rest) + 1, hy)
-                       if rest % b == 0]
-        documented = [s for s in shapes
-                      if all(d <= 4 for d in s) or all(d % 4 == 0 for d in s)]
-        shapes = documented or shapes
-    else:
-        shapes = [(a, chips // a, 1) for a in range(hx, math.isqrt(chips) + 1, hx)
-                  if chips % a == 0 and (chips // a) % hy == 0]
-    if not shapes:
-        raise ValueError(f"{chips} chips cannot be tiled by hosts of {hx}x{hy} chips")
-    # Most like a cube (a square in 2D): least longest side over shortest (s[0]).
-    return min(shapes, key=lambda s: (max(s) / s[0], s))
 
 
 def slice_host_bounds(accelerator: str | Topology) -> Bounds:
@@ -198,7 +149,7 @@ def slice_host_bounds(accelerator: str | Topology) -> Bounds:
     if topology.hosts == 1:
         return (1, 1, 1)
     gx, gy = _HOST_GRID.get(topology.chips_per_host, (1, topology.chips_per_host))
-    a, b, c = _chip_shape(topology.chips, topology.generation, (gx, gy))
+    a, b, c = topology.chip_bounds
     return (a // gx, b // gy, c)
 
 
@@ -276,7 +227,7 @@ def _tpu_variables(base: Mapping[str, str], spec: pb.JobSpec, process_id: int,
     per_slice = hosts_per_slice(spec)
     slice_id, host = divmod(host, per_slice)
     if per_slice <= 1:
-        return tpu_process_env(topology.chips_per_host, n, k)
+        return _gke_worker_id(base, tpu_process_env(topology.chips_per_host, n, k))
     addresses = list(host_addresses) or slice_host_addresses(spec, coordinator)
     if len(addresses) != spec.num_hosts:
         raise ValueError(
@@ -289,8 +240,18 @@ def _tpu_variables(base: Mapping[str, str], spec: pb.JobSpec, process_id: int,
     # so in its own TPU_HOST_BOUNDS, when the agent's environment has it.
     bounds = (_bounds_from(base.get("TPU_HOST_BOUNDS"), per_slice)
               or slice_host_bounds(topology))
-    return tpu_process_env(topology.chips_per_host, n, k, host=host,
-                           host_addresses=addresses, host_bounds=bounds)
+    return _gke_worker_id(base, tpu_process_env(topology.chips_per_host, n, k, host=host,
+                                                host_addresses=addresses,
+                                                host_bounds=bounds))
+
+
+def _gke_worker_id(base: Mapping[str, str], env: dict[str, str]) -> dict[str, str]:
+    """On GKE (the agent's environment has ``TPU_WORKER_ID``) a process's
+    ``TPU_WORKER_ID`` is its index in ``TPU_PROCESS_ADDRESSES``, as JAX's
+    ``GkeTpuCluster`` reads it: the process's own, not the agent's host's."""
+    if "TPU_WORKER_ID" in base:
+        env["TPU_WORKER_ID"] = env["CLOUD_TPU_TASK_ID"]
+    return env
 
 
 def worker_env(base: Mapping[str, str], *, spec: pb.JobSpec, process_id: int,

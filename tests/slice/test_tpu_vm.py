@@ -36,7 +36,7 @@ def test_print_slice():
     assert json.loads(proc.stdout) == {"worker_id": 1, "peers": ["10.1.0.5:8475",
                                                                  "10.1.0.6:8475"],
                                        "accelerator": "v4-16", "source": "metadata",
-                                       "megascale": None}
+                                       "megascale": None, "processes_per_host": 1}
 
 
 @pytest.mark.slow

@@ -33,6 +33,11 @@ from remote_tpu import ConfigurationError, Topology
     ("tpu-v6e-8", 8, 8, 1, 8, 8),
     ("tpu-v6e-16", 16, 16, 4, 4, 4),
     ("tpu-v6e-64", 64, 64, 16, 4, 4),
+    # https://cloud.google.com/tpu/docs/tpu7x: TensorCores (2 per chip, a JAX
+    # device each), 4 chips per VM
+    ("tpu7x-8", 4, 8, 1, 4, 8),
+    ("tpu7x-32", 16, 32, 4, 4, 8),
+    ("tpu7x-128", 64, 128, 16, 4, 8),
 ])
 def test_documented_shapes(name, chips, cores, hosts, per_host, devices_per_host):
     t = Topology.parse(name)
@@ -74,3 +79,29 @@ def test_invalid_names_explain_the_valid_forms(bad, expected):
 def test_non_string_is_rejected():
     with pytest.raises(ConfigurationError, match="must be a string"):
         Topology.parse(32)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name, accelerator, label, processes", [
+    # https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus: the
+    # node labels; the topologies of https://cloud.google.com/tpu/docs/v5p,
+    # /v6e, /v4 and /tpu7x (tpu7x-32 is 2x2x4, 4 VMs).
+    ("tpu-v5p-32", "tpu-v5p-slice", "2x2x4", 1),
+    ("tpu-v5p-8", "tpu-v5p-slice", "2x2x1", 1),
+    ("tpu-v4-16", "tpu-v4-podslice", "2x2x2", 1),
+    ("tpu-v5litepod-16", "tpu-v5-lite-podslice", "4x4", 1),
+    ("tpu-v6e-8", "tpu-v6e-slice", "2x4", 1),
+    ("tpu-v6e-64", "tpu-v6e-slice", "8x8", 1),
+    ("tpu7x-8", "tpu7x", "2x2x1", 2),
+    ("tpu7x-32", "tpu7x", "2x2x4", 2),
+    ("tpu7x-128", "tpu7x", "4x4x4", 2),
+])
+def test_gke_labels(name, accelerator, label, processes):
+    t = Topology.parse(name)
+    assert (t.gke_accelerator, t.topology_label, t.gke_processes_per_host) == \
+        (accelerator, label, processes)
+
+
+def test_tpu7x_keeps_clouds_own_name():
+    assert Topology.parse("TPU7X-64").name == "tpu7x-64"
+    with pytest.raises(ConfigurationError, match="tpu7x-8 or tpu7x-16"):
+        Topology.parse("tpu7x-12")
