@@ -94,6 +94,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                 "it up)")
             p.add_argument("--no-setup", action="store_true",
                            help="once ACTIVE, do not run `remote-tpu setup` on it")
+            p.add_argument("--idle-delete", type=float, default=0, metavar="MINUTES",
+                           help="delete the slice once idle this long (its agents do, with "
+                                "the VMs' service account, given the cloud-platform scope)")
             _setup_flags(p)
         if name == "slices":
             p.add_argument("--agent-port", type=int, default=8475, metavar="PORT",
@@ -112,14 +115,36 @@ def run_setup(args: argparse.Namespace, hosts: list[str] | None = None) -> int:
     return 0
 
 
+def _idle_delete_flags(args: argparse.Namespace) -> str:
+    """The agent flags ``up --idle-delete`` gives slice 0's agents ("" without it)."""
+    import shlex
+
+    from ._core.exceptions import ConfigurationError
+
+    if not args.idle_delete:
+        return ""
+    if not 0 < args.idle_delete <= 10080:
+        raise ConfigurationError(f"--idle-delete {args.idle_delete:g}: give minutes above 0, "
+                                 "up to 10080 (a week)")
+    if args.no_setup or args.no_wait:
+        raise ConfigurationError("--idle-delete is carried out by the slice's agents, which "
+                                 "setup starts: drop --no-setup/--no-wait, or give the agents "
+                                 "--idle-delete yourself (docs/deploying.md)")
+    from ._tpu_api import queued_resource
+
+    return shlex.join(["--idle-delete", f"{args.idle_delete:g}", "--idle-delete-resource",
+                       queued_resource(args.name, args.zone, args.project)])
+
+
 def run(args: argparse.Namespace) -> int:
     from . import _tpu_api
 
     if args.command == "up":
+        idle = _idle_delete_flags(args)
         nodes = _tpu_api.up(args.name, args.accelerator, args.zone, args.project,
                             spot=args.spot, reserved=args.reserved,
                             num_slices=args.num_slices, runtime_version=args.runtime_version,
-                            wait=not args.no_wait)
+                            wait=not args.no_wait, cloud_scope=bool(idle))
         where = f"zone={args.zone}" + (f"&project={args.project}" if args.project else "")
         if nodes and args.no_setup:
             print(f"ACTIVE: {', '.join(nodes)}. Next: remote-tpu setup "
@@ -127,7 +152,10 @@ def run(args: argparse.Namespace) -> int:
                   f"then hosts='tpu://{nodes[0]}?{where}' reaches it")
         elif nodes:
             print(f"ACTIVE: {', '.join(nodes)}. Setting up the agents...", flush=True)
-            for node in nodes:
+            agent_args = args.agent_args
+            for i, node in enumerate(nodes):
+                # Slice 0's gateway runs every job of a multislice: it alone decides.
+                args.agent_args = f"{agent_args} {idle}" if idle and i == 0 else agent_args
                 run_setup(args, [f"tpu://{node}?{where}"])
     elif args.command == "down":
         _tpu_api.down(args.name, args.zone, args.project)

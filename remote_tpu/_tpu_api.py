@@ -32,6 +32,7 @@ DEFAULT_RUNTIME = {"v2": "tpu-ubuntu2204-base", "v3": "tpu-ubuntu2204-base",
                    "v4": "tpu-ubuntu2204-base", "v5litepod": "v2-alpha-tpuv5-lite",
                    "v5p": "v2-alpha-tpuv5", "v6e": "v2-alpha-tpuv6e"}
 POLL_SECONDS = float(os.environ.get("REMOTE_TPU_UP_POLL_SECONDS", "10"))
+CLOUD_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 _WAITING = ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING")
 
 
@@ -67,8 +68,10 @@ def _api_error(what: str, exc: Exception) -> RemoteTPUError:
 
 
 def node_spec(name: str, accelerator: str, runtime_version: str, num_slices: int,
-              spot: bool, reserved: bool, parent: str):
-    """The queued resource ``up`` asks for."""
+              spot: bool, reserved: bool, parent: str, cloud_scope: bool = False):
+    """The queued resource ``up`` asks for; ``cloud_scope``: its VMs' default
+    service account with the cloud-platform scope (an agent deletes its own
+    idle slice with it)."""
     tpu_v2, _ = _library()
     topology = Topology.parse(accelerator)
     runtime = runtime_version or DEFAULT_RUNTIME.get(topology.generation, "")
@@ -78,6 +81,8 @@ def node_spec(name: str, accelerator: str, runtime_version: str, num_slices: int
     node = tpu_v2.Node(accelerator_type=topology.name.removeprefix("tpu-"),
                        runtime_version=runtime,
                        scheduling_config=tpu_v2.SchedulingConfig(reserved=reserved))
+    if cloud_scope:
+        node.service_account = tpu_v2.ServiceAccount(scope=[CLOUD_SCOPE])
     spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node=node)
     if num_slices > 1:
         spec.multislice_params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(
@@ -97,9 +102,17 @@ def _state(resource) -> tuple[str, str]:
     return state, failed
 
 
+def queued_resource(name: str, zone: str, project: str = "") -> str:
+    """The full name of queued resource ``name`` (the project: as ``up`` finds it)."""
+    _, project = credentials_and_project(
+        project, needs="remote-tpu up", no_project="which project? give --project PROJECT")
+    return f"projects/{project}/locations/{zone}/queuedResources/{name}"
+
+
 def up(name: str, accelerator: str, zone: str, project: str = "", *, spot: bool = False,
        reserved: bool = False, num_slices: int = 1, runtime_version: str = "",
-       wait: bool = True, say: Callable[[str], None] = print) -> list[str]:
+       wait: bool = True, cloud_scope: bool = False,
+       say: Callable[[str], None] = print) -> list[str]:
     """Ask for the slice; with ``wait``, until it is ACTIVE: its nodes' names."""
     if spot and reserved:
         raise ConfigurationError("--spot and --reserved exclude each other: give one")
@@ -107,7 +120,8 @@ def up(name: str, accelerator: str, zone: str, project: str = "", *, spot: bool 
         raise ConfigurationError(f"--num-slices {num_slices}: give 1 to 64")
     client, project = _client_and_project(project)
     parent = f"projects/{project}/locations/{zone}"
-    resource = node_spec(name, accelerator, runtime_version, num_slices, spot, reserved, parent)
+    resource = node_spec(name, accelerator, runtime_version, num_slices, spot, reserved, parent,
+                         cloud_scope)
     _, errors = _library()
     try:
         client.create_queued_resource(parent=parent, queued_resource=resource,

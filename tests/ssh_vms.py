@@ -86,7 +86,7 @@ class SshVms:
         from metadata_server import tpu_vm
 
         vms = {ip: tpu_vm(i, self.ips, accelerator) for i, ip in enumerate(self.ips)}
-        self._standins = list(vms.values())
+        self.metadata_servers = list(vms.values())
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -187,7 +187,7 @@ class SshVms:
         if self._metadata is not None:
             self._metadata.shutdown()
             self._metadata.server_close()
-            for standin in self._standins:
+            for standin in self.metadata_servers:
                 standin.close()
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
         shutil.rmtree(self.base, ignore_errors=True)

@@ -130,9 +130,18 @@ def test_up_creates_the_slice_sets_it_up_a_call_runs_and_down_deletes_it(vms, mo
     api = CloudTpuStandIn(vms.ips, waits=1)
     try:
         env = {"REMOTE_TPU_TPU_API": api.url, "REMOTE_TPU_UP_POLL_SECONDS": "0.05"}
+        for standin in vms.metadata_servers:
+            standin.service_account("vm-token", ["https://www.googleapis.com/auth/cloud-platform"])
         up = _cli(vms, "up", "vms", "--accelerator", "tpu-v4-32", "--zone", "z-1",
-                  "--project", "p", "--user", "root", **env)
+                  "--project", "p", "--user", "root", "--idle-delete", "30", **env)
         assert up.returncode == 0, up.stdout + up.stderr
+        # --idle-delete: the VMs get the scope to delete their slice, worker 0's
+        # agent the flags (its doctor row says so); nothing is idle for 30 min here.
+        node = [r for r in api.requests if r[0] == "POST"][0][2]["tpu"]["nodeSpec"][0]["node"]
+        assert node["serviceAccount"] == {"scope": [
+            "https://www.googleapis.com/auth/cloud-platform"]}
+        rows = up.stdout[up.stdout.index("HOST  ADDRESS"):].splitlines()
+        assert "idle-delete after 30 min: on" in rows[1], up.stdout
         assert "vms: ACTIVE" in up.stdout and "ACTIVE: vms. Setting up the agents" in up.stdout
         # Named by tpu://, each agent finds its place in its VM's metadata (after
         # the test above: new flags, so each agent is started again).

@@ -93,3 +93,22 @@ def test_the_report_names_each_failing_host_with_its_last_lines_and_who_is_ready
     assert "line 49" in text and "line 29" not in text       # the last 20 lines only
     assert "Host 0 is ready, its agent running." in text and "run setup again" in text
     assert _setup.report([ok]) == ""
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--idle-delete", "0"], ""),                       # 0: off, nothing to check
+    (["--idle-delete", "-1"], "--idle-delete -1: give minutes above 0, up to 10080"),
+    (["--idle-delete", "20000"], "--idle-delete 20000: give minutes above 0"),
+    (["--idle-delete", "30", "--no-setup"], "carried out by the slice's agents"),
+])
+def test_up_checks_idle_delete_before_asking_for_anything(extra, said, capsys, monkeypatch):
+    from remote_tpu import _cli, _tpu_api
+
+    asked = []
+    monkeypatch.setattr(_tpu_api, "up", lambda *a, **k: asked.append(k) or [])
+    code = _cli.main(["up", "x", "--accelerator", "tpu-v4-8", "--zone", "z", "--project", "p",
+                      *extra])
+    if said:
+        assert code == 1 and said in capsys.readouterr().err and not asked
+    else:
+        assert code == 0 and asked[0]["cloud_scope"] is False
