@@ -20,12 +20,18 @@ Respond = Callable[[str, dict[str, str]], tuple[int, dict[str, str], bytes]]
 
 
 class HttpStandIn:
-    """A real HTTP server answering GETs with ``respond``."""
+    """A real HTTP server answering GETs with ``respond`` (on ``host``,
+    ``port``; a subclass may answer by the caller's address: ``answer``)."""
 
-    def __init__(self, respond: Respond) -> None:
+    def __init__(self, respond: Respond | None = None, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        self._respond_fn = respond
+        stand_in = self
+
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                code, headers, body = respond(self.path, dict(self.headers))
+                code, headers, body = stand_in.answer(self.client_address[0], self.path,
+                                                      dict(self.headers))
                 self.send_response(code)
                 for key, value in headers.items():
                     self.send_header(key, value)
@@ -36,14 +42,53 @@ class HttpStandIn:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.server = http.server.ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.address = f"{host}:{self.server.server_address[1]}"
         self.url = f"http://{self.address}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def answer(self, client: str, path: str, headers: dict[str, str]) -> tuple[int, dict, bytes]:
+        return self._respond_fn(path, headers)
 
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class AgentsOnAddresses:
+    """Agents on ``ips`` (loopback addresses), one port, each with an
+    environment of its own on top of ``base`` (default: this one's)."""
+
+    def __init__(self, ips: list[str], envs: list[dict[str, str]], *, token: str | None = None,
+                 port: int = 0, extra: list[str] | None = None, prefix: str = "agents-",
+                 base: dict[str, str] | None = None) -> None:
+        from conftest import free_port
+        from remote_tpu._core.auth import TOKEN_ENV, new_token
+
+        self.token = token or new_token()
+        self.port = port or free_port()
+        self.ips = ips
+        self.addresses = [f"{ip}:{self.port}" for ip in ips]
+        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self.procs = []
+        for i, ip in enumerate(ips):
+            env = {**(os.environ if base is None else base), TOKEN_ENV: self.token, **envs[i]}
+            cmd = [sys.executable, "-m", "remote_tpu_agent", "--host", ip, "--port",
+                   str(self.port), "--simulate-devices", "2", "--log-level", "WARNING",
+                   "--state-dir", os.path.join(self.dir, f"state-{i}"), *(extra or [])]
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                               stderr=subprocess.DEVNULL, text=True, env=env))
+        for proc in self.procs:
+            assert proc.stdout.readline().startswith("remote-tpu-agent listening on")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            proc.wait(10)
+            proc.stdout.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class MetadataStandIn(HttpStandIn):
@@ -102,43 +147,22 @@ def multislice_env(slice_id: int, coordinator: str, num: int = 2) -> str:
             f"MEGASCALE_COORDINATOR_ADDRESS: '{coordinator}:8080'\n")
 
 
-class MetadataSlice:
+class MetadataSlice(AgentsOnAddresses):
     """Agents on 127.0.0.2, 127.0.0.3, ... (``first_ip`` = 2; one port, like
     TPU VMs), each told who it is only by its own metadata stand-in."""
 
     def __init__(self, accelerator: str, n: int, extra: list[str] | None = None, *,
                  first_ip: int = 2, tpu_env: str = "", token: str | None = None,
                  port: int = 0) -> None:
-        from conftest import free_port
-        from remote_tpu._core.auth import TOKEN_ENV, new_token
-
-        self.token = token or new_token()
-        self.port = port or free_port()
-        self.ips = [f"127.0.0.{first_ip + i}" for i in range(n)]
-        self.addresses = [f"{ip}:{self.port}" for ip in self.ips]
-        self.servers = [tpu_vm(i, self.ips, accelerator, tpu_env) for i in range(n)]
-        self.dir = tempfile.mkdtemp(prefix="tpu-vm-")
-        self.procs = []
-        for i, ip in enumerate(self.ips):
-            env = {**os.environ, TOKEN_ENV: self.token,
-                   "GCE_METADATA_IP": self.servers[i].address}
-            cmd = [sys.executable, "-m", "remote_tpu_agent", "--host", ip, "--port",
-                   str(self.port), "--simulate-devices", "2", "--log-level", "WARNING",
-                   "--state-dir", os.path.join(self.dir, f"state-{i}"), *(extra or [])]
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                               stderr=subprocess.DEVNULL, text=True, env=env))
-        for proc in self.procs:
-            assert proc.stdout.readline().startswith("remote-tpu-agent listening on")
+        ips = [f"127.0.0.{first_ip + i}" for i in range(n)]
+        self.servers = [tpu_vm(i, ips, accelerator, tpu_env) for i in range(n)]
+        super().__init__(ips, [{"GCE_METADATA_IP": s.address} for s in self.servers],
+                         token=token, port=port, extra=extra, prefix="tpu-vm-")
 
     def stop(self) -> None:
-        for proc in self.procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            proc.wait(10)
-            proc.stdout.close()
+        super().stop()
         for server in self.servers:
             server.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class TpuApiStandIn(HttpStandIn):

@@ -10,13 +10,11 @@ slice: by SSH, and then by the agents' port.
 
 from __future__ import annotations
 
-import http.server
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 
 _SSHD = "/usr/sbin/sshd"
@@ -54,7 +52,7 @@ class SshVms:
         self.namespaces = [f"rtvm{tag}-{i}" for i in range(n)]
         self._links = [f"rtv{tag}x{i}" for i in range(n)]
         self.procs: list[subprocess.Popen] = []
-        self._metadata: http.server.ThreadingHTTPServer | None = None
+        self._metadata = None                 # the VMs' metadata server, if any
         key = os.path.join(self.base, "client_key")
         _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)
         self.ssh_args = ["--identity-file", key, "-o",
@@ -83,29 +81,18 @@ class SshVms:
     def _serve_metadata(self, accelerator: str) -> None:
         """One server on the bridge, port 80, answering each VM (known by its
         address) what its own metadata server would."""
-        from metadata_server import tpu_vm
+        from metadata_server import HttpStandIn, tpu_vm
 
         vms = {ip: tpu_vm(i, self.ips, accelerator) for i, ip in enumerate(self.ips)}
         self.metadata_servers = list(vms.values())
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
-                vm = vms.get(self.client_address[0])
-                code, headers, body = (vm._respond(self.path, dict(self.headers)) if vm
-                                       else (404, {}, b"not a VM of this slice\n"))
-                self.send_response(code)
-                for key, value in headers.items():
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        class ByAddress(HttpStandIn):
+            def answer(self, client: str, path: str, headers: dict[str, str]):
+                vm = vms.get(client)
+                return vm.answer(client, path, headers) if vm else \
+                    (404, {}, b"not a VM of this slice\n")
 
-            def log_message(self, *args) -> None:
-                pass
-
-        self._metadata = http.server.ThreadingHTTPServer((self.host_ip, 80), Handler)
-        self._metadata.daemon_threads = True
-        threading.Thread(target=self._metadata.serve_forever, daemon=True).start()
+        self._metadata = ByAddress(host=self.host_ip, port=80)
 
     def _make(self, i: int, public_key: str) -> None:
         ns, link, ip = self.namespaces[i], self._links[i], self.ips[i]
@@ -185,8 +172,7 @@ class SshVms:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
         if self._metadata is not None:
-            self._metadata.shutdown()
-            self._metadata.server_close()
+            self._metadata.close()
             for standin in self.metadata_servers:
                 standin.close()
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)

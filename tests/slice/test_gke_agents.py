@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 import remote_tpu
-from conftest import free_port
 from gke_env import gke_env, jax_gke_cluster, jax_sees
-from metadata_server import MetadataStandIn
+from metadata_server import AgentsOnAddresses, MetadataStandIn
 from remote_tpu._core.addresses import host_of
-from remote_tpu._core.auth import TOKEN_ENV, new_token
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,34 +29,14 @@ def _base_env() -> dict[str, str]:
             if not k.startswith(("TPU_", "MEGASCALE_", "GCE_METADATA"))}
 
 
-class GkePods:
+class GkePods(AgentsOnAddresses):
     """One agent per VM, each started with the variables of its VM's first
     process, as a pod of `remote-tpu gke manifest` is."""
 
     def __init__(self, accelerator: str, vms: int, per_host: int) -> None:
-        self.token = new_token()
-        self.port = free_port()
-        self.ips = [f"127.0.0.{2 + i}" for i in range(vms)]
-        self.dir = tempfile.mkdtemp(prefix="gke-pods-")
-        self.procs = []
-        for i, ip in enumerate(self.ips):
-            env = {**_base_env(), TOKEN_ENV: self.token,
-                   **gke_env(accelerator, self.ips, per_host, i * per_host)}
-            cmd = [sys.executable, "-m", "remote_tpu_agent", "--host", ip, "--port",
-                   str(self.port), "--simulate-devices", "2", "--log-level", "WARNING",
-                   "--state-dir", os.path.join(self.dir, f"state-{i}")]
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                               stderr=subprocess.DEVNULL, text=True, env=env))
-        for proc in self.procs:
-            assert proc.stdout.readline().startswith("remote-tpu-agent listening on")
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            proc.wait(10)
-            proc.stdout.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        ips = [f"127.0.0.{2 + i}" for i in range(vms)]
+        super().__init__(ips, [gke_env(accelerator, ips, per_host, i * per_host)
+                               for i in range(vms)], prefix="gke-pods-", base=_base_env())
 
 
 def test_print_slice_from_tpu7x_variables():
