@@ -198,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     except RemoteTPUError as exc:
         print(f"remote-tpu: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C: each command has said what it leaves (up: the request stands,
+        # and how to delete it); no traceback, a shell's status for SIGINT.
+        return 128 + signal.SIGINT
     except BrokenPipeError:
         # stdout's reader is gone (`remote-tpu run x.py | head -1`): a shell's
         # status for it, and no traceback, now or when Python flushes stdout at exit.

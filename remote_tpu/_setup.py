@@ -84,6 +84,7 @@ class HostResult:
     host: SshHost
     ok: bool = False
     summary: str = ""                  # "started", "unchanged", or why it failed
+    proc: subprocess.Popen | None = None           # its ssh, while it runs
     tail: collections.deque = dataclasses.field(
         default_factory=lambda: collections.deque(maxlen=_TAIL_LINES))
 
@@ -178,8 +179,17 @@ def setup(plan: Plan, token: str, say: Callable[[str], None] = print) -> list[Ho
                    for r in results]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except KeyboardInterrupt:
+            for r in results:
+                if r.proc is not None and r.proc.poll() is None:
+                    r.proc.terminate()      # (its host's script ends with the connection)
+            unfinished = [str(r.host.index) for r in results if not r.ok]
+            say(f"setup interrupted: host(s) {', '.join(unfinished) or 'none'} may be half "
+                "set up (an unfinished install is redone next time); run setup again")
+            raise
     return results
 
 
@@ -187,8 +197,9 @@ def _one_host(plan: Plan, result: HostResult, payload: bytes, say: Callable[[str
               command: str) -> None:
     name = result.host.name()
     try:
-        proc = subprocess.Popen(plan.ssh(result.host, command), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = result.proc = subprocess.Popen(
+            plan.ssh(result.host, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT)
     except OSError as exc:
         result.summary = f"could not run ssh: {exc.strerror}"
         return

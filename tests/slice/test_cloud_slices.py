@@ -104,3 +104,23 @@ def test_bad_requests_are_refused_before_the_api_is_asked(api):
     assert api.requests == []
     empty = _cli("slices", "--zone", "z", "--project", "p")
     assert empty.returncode == 0 and "no queued resources or TPU nodes" in empty.stdout
+
+
+def test_ctrl_c_while_waiting_leaves_the_request_and_says_how_to_delete_it(api):
+    import signal
+
+    api.waits = 10 ** 6                         # WAITING_FOR_RESOURCES for good
+    proc = subprocess.Popen([sys.executable, "-m", "remote_tpu", "up", "w", "--accelerator",
+                             "tpu-v4-8", "--zone", "z", "--project", "p"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        assert lines[1].startswith("w: WAITING_FOR_RESOURCES"), lines
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "stopped waiting; queued resource w stays WAITING_FOR_RESOURCES: remote-tpu down w " \
+           "--zone z --project p deletes it" in out
+    assert list(api.resources) == ["projects/p/locations/z/queuedResources/w"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import sys
 import pytest
 
 import remote_tpu
-from conftest import ROOT
+from conftest import ROOT, wait_until
 from package_index import PackageIndex
 from ssh_vms import SshVms
 from tpu_api import CloudTpuStandIn
@@ -133,7 +134,7 @@ def test_up_creates_the_slice_sets_it_up_a_call_runs_and_down_deletes_it(vms, mo
         for standin in vms.metadata_servers:
             standin.service_account("vm-token", ["https://www.googleapis.com/auth/cloud-platform"])
         up = _cli(vms, "up", "vms", "--accelerator", "tpu-v4-32", "--zone", "z-1",
-                  "--project", "p", "--user", "root", "--idle-delete", "30", **env)
+                  "--project", "p", "--user", "root", "--idle-delete", "30", "--spot", **env)
         assert up.returncode == 0, up.stdout + up.stderr
         # --idle-delete: the VMs get the scope to delete their slice, worker 0's
         # agent the flags (its doctor row says so); nothing is idle for 30 min here.
@@ -158,6 +159,30 @@ def test_up_creates_the_slice_sets_it_up_a_call_runs_and_down_deletes_it(vms, mo
             return jax.process_count(), jax.process_index()
 
         assert where() == (4, 0)       # (the "no TLS" warning came once, above)
+
+        # A spot VM taken back during a job: its metadata says preempted, its
+        # worker dies; the job is retried under its preemption budget.
+        marker = os.path.join(vms.base, "worker-pid")
+
+        @remote_tpu.run(accelerator="tpu-v4-32", hosts=ref, token=vms.token, init_jax=False,
+                        retries=remote_tpu.Retries(preemptions=1, failures=0, backoff=0))
+        def step():
+            import time
+            attempt = int(os.environ["REMOTE_TPU_ATTEMPT"])
+            if attempt == 0 and os.environ["REMOTE_TPU_HOST_INDEX"] == "1":
+                with open(marker, "w") as f:
+                    f.write(str(os.getpid()))
+                time.sleep(60)
+            return attempt
+
+        handle = step.submit()
+        assert wait_until(lambda: os.path.exists(marker) and open(marker).read(), 60)
+        vms.metadata_servers[1].instance["preempted"] = "TRUE"
+        os.kill(int(open(marker).read()), signal.SIGKILL)
+        assert handle.result(timeout=120) == 1
+        [attempt] = handle.status().attempts
+        assert (attempt.kind, attempt.state) == ("preemption", "PREEMPTED"), attempt
+        vms.metadata_servers[1].instance["preempted"] = "FALSE"
         down = _cli(vms, "down", "vms", "--zone", "z-1", "--project", "p", **env)
         assert down.returncode == 0 and api.resources == {} and api.nodes == {}, down.stderr
     finally:
