@@ -48,8 +48,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="the Secret holding the slice token under the key 'token' "
                         "(default remote-tpu-token)")
     p.add_argument("--out", default="", metavar="DIR",
-                   help="write DIR/jobset.json and DIR/Dockerfile (default: the manifest "
-                        "on stdout)")
+                   help="write DIR/jobset.json, and DIR/Dockerfile with the wheel of this "
+                        "client's remote-tpu it installs (default: the manifest on stdout)")
     gke.set_defaults(func=run, gke_parser=gke)
 
 
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.out:
         print(_gke.to_json(objects), end="")
         return 0
-    paths = _gke.write(args.out, objects, _gke.dockerfile(args.port))
+    paths = _gke.write(args.out, objects, args.port)
     print(f"wrote {', '.join(paths)}. Next: build and push the image, make the token "
           f"Secret {args.token_secret!r}, kubectl apply -f {paths[0]}; then "
           f"kubectl port-forward service/{_gke.gateway_service(args.name)} "

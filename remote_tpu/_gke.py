@@ -175,34 +175,40 @@ def _jax_requirement() -> str:
         return "jax[tpu]"
 
 
-def dockerfile(port: int = DEFAULT_AGENT_PORT) -> str:
+def dockerfile(wheel: str, port: int = DEFAULT_AGENT_PORT) -> str:
     """The agent's image: this Python's minor version (cloudpickle ships
-    functions by value between equal versions), remote-tpu and ``jax[tpu]``."""
+    functions by value between equal versions), this client's own remote-tpu
+    (``wheel``, a file beside the Dockerfile: ``_wheel``) and ``jax[tpu]``."""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     return f"""\
 # The remote-tpu agent, for the pods of `remote-tpu gke manifest`.
 # Python {python}, as the client that wrote this file: functions travel by value
-# between equal Python versions.
+# between equal Python versions. {wheel} is that client's own remote-tpu.
 FROM python:{python}-slim
-# What to install: the release, or (until it is published) a copy of the
-# repository: docker build -f Dockerfile --build-arg REMOTE_TPU=/src REPO_DIR
-ARG REMOTE_TPU="remote-tpu=={__version__}"
-COPY . /src
-RUN pip install --no-cache-dir "$REMOTE_TPU" "{_jax_requirement()}" && rm -rf /src
+COPY {wheel} /tmp/
+RUN pip install --no-cache-dir "/tmp/{wheel}" "{_jax_requirement()}" && rm "/tmp/{wheel}"
 EXPOSE {port}
 # The pod's arguments (--host 0.0.0.0 --port ... --token-file ...) follow.
 ENTRYPOINT ["remote-tpu-agent"]
 """
 
 
-def write(out_dir: str, objects: dict[str, Any], docker: str) -> list[str]:
-    """``jobset.json`` and ``Dockerfile`` in ``out_dir`` (made if missing)."""
+def write(out_dir: str, objects: dict[str, Any], port: int = DEFAULT_AGENT_PORT) -> list[str]:
+    """``jobset.json``, the client's wheel and a ``Dockerfile`` that installs
+    it, in ``out_dir`` (made if missing)."""
+    from ._wheel import client_wheel
+
     os.makedirs(out_dir, exist_ok=True)
+    for old in os.listdir(out_dir):         # a wheel of an earlier version: not in the image
+        if old.startswith("remote_tpu-") and old.endswith(".whl"):
+            os.remove(os.path.join(out_dir, old))
+    wheel, _ = client_wheel(out_dir)
     paths = [os.path.join(out_dir, "jobset.json"), os.path.join(out_dir, "Dockerfile")]
-    for path, text in zip(paths, (to_json(objects), docker)):
+    for path, text in zip(paths, (to_json(objects),
+                                  dockerfile(os.path.basename(wheel), port))):
         with open(path, "w") as f:
             f.write(text)
-    return paths
+    return [paths[0], wheel, paths[1]]
 
 
 def to_json(objects: dict[str, Any]) -> str:

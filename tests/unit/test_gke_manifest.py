@@ -107,9 +107,9 @@ def test_bad_input_says_what_to_give(kwargs, expected):
 
 
 def test_the_dockerfile_installs_the_agent_for_this_python():
-    text = dockerfile(9475)
+    text = dockerfile("remote_tpu-0.1.0-py3-none-any.whl", 9475)
     assert f"FROM python:{sys.version_info.major}.{sys.version_info.minor}-slim" in text
-    assert '"jax[tpu]' in text and 'ARG REMOTE_TPU="remote-tpu==' in text
+    assert '"jax[tpu]' in text and "COPY remote_tpu-0.1.0-py3-none-any.whl /tmp/" in text
     assert 'ENTRYPOINT ["remote-tpu-agent"]' in text and "EXPOSE 9475" in text
 
 
@@ -126,7 +126,12 @@ def test_the_command_prints_or_writes_the_manifest(tmp_path):
     assert "kubectl port-forward service/remote-tpu-gateway 8475:8475" in done.stdout
     assert json.loads((tmp_path / "gke" / "jobset.json").read_text()) == \
         manifest("tpu-v6e-16")
-    assert (tmp_path / "gke" / "Dockerfile").read_text() == dockerfile()
+    wheel, = [p.name for p in (tmp_path / "gke").glob("remote_tpu-*.whl")]
+    assert (tmp_path / "gke" / "Dockerfile").read_text() == dockerfile(wheel)
+    # The image gets this client's own modules: the wheel holds this very file.
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "gke" / wheel) as z:
+        assert z.read("remote_tpu/_gke.py") == open(manifest.__code__.co_filename, "rb").read()
     done = cli()
     assert done.returncode == 2 and "give what to do: manifest" in done.stderr
     done = cli("manifest", "--accelerator", "tpu-v2-8")
