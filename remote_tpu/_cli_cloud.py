@@ -59,6 +59,9 @@ def _setup_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agent-args", default="", metavar="FLAGS",
                    help="more remote-tpu-agent flags for every agent, e.g. "
                         "\"--tls-cert c.pem --tls-key k.pem\"")
+    p.add_argument("--internal-ip", action="store_true",
+                   help="for tpu://, reach the workers at their internal IPs (from inside "
+                        "the VPC; default: external where they have one, as gcloud does)")
     p.add_argument("--token-file", default="", metavar="PATH",
                    help="the slice token to give the agents (default: "
                         "$REMOTE_TPU_TOKEN, else ~/.config/remote_tpu/token, made if missing)")
@@ -111,8 +114,19 @@ def run_setup(args: argparse.Namespace, hosts: list[str] | None = None) -> int:
     _setup.main(hosts or args.hosts, user=args.user, identity_file=args.identity_file,
                 ssh_options=args.ssh_option, port=args.agent_port, directory=args.dir,
                 pip_index=args.pip_index, agent_args=args.agent_args,
-                token_file=args.token_file, say=lambda line: print(line, flush=True))
+                token_file=args.token_file, internal_ip=args.internal_ip,
+                say=lambda line: print(line, flush=True))
     return 0
+
+
+def _unset(left: list[str], where: str, idle: str, args: argparse.Namespace) -> str:
+    """What a setup that failed after ``up`` leaves, and what to do."""
+    again = f"remote-tpu setup 'tpu://NODE?{where}'"
+    if idle:
+        again += f" (for {left[0]} if it is slice 0, with --agent-args {idle!r})"
+    return (f"The slice stands, and is billed, with no agents set up on {', '.join(left)}"
+            f"{' and nothing to delete it when idle' if idle else ''}: run {again} for each, "
+            f"or `remote-tpu down {args.name} --zone {args.zone}` to delete it.")
 
 
 def _idle_delete_flags(args: argparse.Namespace) -> str:
@@ -138,6 +152,7 @@ def _idle_delete_flags(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from . import _tpu_api
+    from ._core.exceptions import RemoteTPUError
 
     if args.command == "up":
         idle = _idle_delete_flags(args)
@@ -156,7 +171,11 @@ def run(args: argparse.Namespace) -> int:
             for i, node in enumerate(nodes):
                 # Slice 0's gateway runs every job of a multislice: it alone decides.
                 args.agent_args = f"{agent_args} {idle}" if idle and i == 0 else agent_args
-                run_setup(args, [f"tpu://{node}?{where}"])
+                try:
+                    run_setup(args, [f"tpu://{node}?{where}"])
+                except RemoteTPUError as exc:
+                    raise RemoteTPUError(f"{exc}\n\n{_unset(nodes[i:], where, idle, args)}") \
+                        from None
     elif args.command == "down":
         _tpu_api.down(args.name, args.zone, args.project)
     else:

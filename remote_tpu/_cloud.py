@@ -32,13 +32,15 @@ def credentials_and_project(project: str, *, needs: str, no_project: str):
     except ImportError:
         raise ConfigurationError(f"{needs} needs google-auth: "
                                  "pip install 'remote-tpu[gcp]'") from None
-    try:
-        credentials, default_project = google.auth.default(
-            scopes=["https://www.googleapis.com/auth/cloud-platform"])
-    except google.auth.exceptions.DefaultCredentialsError as exc:
-        if os.environ.get(API_ENV, "").startswith("http://127."):
-            credentials, default_project = AnonymousCredentials(), ""   # a local stand-in
-        else:
+    if os.environ.get(API_ENV, "").startswith("http://127."):
+        # A local stand-in: no credentials to find (looking for them can take
+        # Google's library seconds of probing for a metadata server).
+        credentials, default_project = AnonymousCredentials(), ""
+    else:
+        try:
+            credentials, default_project = google.auth.default(
+                scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        except google.auth.exceptions.DefaultCredentialsError as exc:
             raise ConfigurationError(
                 f"{needs} needs Google credentials to ask the Cloud TPU API: "
                 f"run `gcloud auth application-default login` ({exc})") from None
@@ -64,9 +66,10 @@ def resolve(url: str) -> tuple[list[str], str]:
     return [join_host_port(ip, ref.port) for ip in ips], accelerator
 
 
-def workers(ref: TpuRef) -> tuple[list[str], str]:
+def workers(ref: TpuRef, prefer_external: bool = False) -> tuple[list[str], str]:
     """(the workers' IPs in worker order, accelerator type) of the TPU ``ref``
-    names (external IPs with ``&external=1``)."""
+    names (external IPs with ``&external=1``; with ``prefer_external``, each
+    worker's external IP where it has one, as gcloud's ssh does)."""
     session, project = _session_and_project(ref.project)
     api = os.environ.get(API_ENV, _DEFAULT_API).rstrip("/")
     node = f"projects/{project}/locations/{ref.zone}/nodes/{ref.name}"
@@ -90,8 +93,10 @@ def workers(ref: TpuRef) -> tuple[list[str], str]:
         raise ConfigurationError(f"TPU {ref.name!r} is {state}, not READY")
     ips = []
     for endpoint in body.get("networkEndpoints", []):
-        ip = (endpoint.get("accessConfig", {}).get("externalIp") if ref.external
-              else endpoint.get("ipAddress"))
+        external = endpoint.get("accessConfig", {}).get("externalIp")
+        ip = external if ref.external else (
+            external or endpoint.get("ipAddress") if prefer_external
+            else endpoint.get("ipAddress"))
         if not ip:
             raise ConfigurationError(f"TPU {ref.name!r} has a worker without an "
                                      f"{'external' if ref.external else 'internal'} IP")

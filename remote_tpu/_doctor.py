@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from ._core.addresses import host_of, join_host_port
 from ._core.auth import TLS
 from ._core.multislice import MEGASCALE_PORT
-from ._core.exceptions import RemoteTPUError
+from ._core.exceptions import AgentUnavailableError, RemoteTPUError
 from ._core.proto import remote_tpu_pb2 as pb
 from ._core.topology import Topology
 from ._core.versions import differences, slice_skew
@@ -69,6 +69,14 @@ def doctor(hosts: str | Sequence[str] | None, token: str | None = None,
            tls: TLS | None = None) -> tuple[list[list[str]], list[str]]:
     """(table rows, problems) for the slice behind ``hosts`` (any agent of it)."""
     return _rows(*_ask(resolve_target(hosts, token=token, tls=tls), []))
+
+
+def doctor_if_reachable(hosts: str | Sequence[str], token: str | None = None
+                        ) -> tuple[list[list[str]], list[str]] | None:
+    """As ``doctor``, or None where no agent answers at ``hosts`` (this
+    machine cannot reach it, say)."""
+    target, reply = _ask(resolve_target(hosts, token=token), [])
+    return None if isinstance(reply, AgentUnavailableError) else _rows(target, reply)
 
 
 def _rows(target, reply, prefix: str = "") -> tuple[list[list[str]], list[str]]:

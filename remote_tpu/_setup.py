@@ -15,9 +15,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import getpass
+import ipaddress
 import os
 import re
 import shlex
+import socket
 import subprocess
 import tempfile
 import threading
@@ -25,13 +27,19 @@ from collections.abc import Callable, Sequence
 
 from . import _host_setup
 from ._core.addresses import DEFAULT_AGENT_PORT, TpuRef, join_host_port
-from ._core.auth import TOKEN_ENV, default_token_file, new_token, read_token_file, \
+from ._core.auth import client_token, default_token_file, new_token, read_token_file, \
     write_token_file
 from ._core.exceptions import ConfigurationError, RemoteTPUError
 from ._core.versions import local_versions
 
 DEFAULT_DIR = "~/.local/share/remote-tpu"
 _TAIL_LINES = 20
+_LINE_BYTES = 4096                 # of each line a host prints (the rest is cut, and said)
+_AT_ONCE = 16                      # ssh connections at once (sshd's MaxStartups begins at 10)
+# Agent flags setup gives itself, and install-service's own (any abbreviation of them).
+_OWN_FLAGS = ("--port", "--worker-id", "--peers", "--host", "--token-file", "--user",
+              "--dry-run", "--unit-path")
+_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 _GCLOUD_KEY = os.path.join("~", ".ssh", "google_compute_engine")
 
 
@@ -57,17 +65,18 @@ class SshHost:
 
     @classmethod
     def parse(cls, index: int, text: str) -> SshHost:
-        user, _, rest = text.rpartition("@")
-        host, port = rest, 22
-        if rest.startswith("["):                           # [v6]:port
-            host, _, tail = rest[1:].partition("]")
-            if tail.startswith(":"):
+        user, at, rest = text.rpartition("@")
+        host, port, well_formed = rest, 22, True
+        if rest.startswith("["):                           # [v6] or [v6]:port
+            host, closed, tail = rest[1:].partition("]")
+            well_formed = bool(closed) and (tail == "" or tail.startswith(":"))
+            if well_formed and tail:
                 port = _port(text, tail[1:])
         elif rest.count(":") == 1:
             host, _, p = rest.partition(":")
             port = _port(text, p)
-        if not host or any(c.isspace() for c in text) or host.startswith("-") or (
-                user and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]*", user)):
+        if not (well_formed and host and not host.startswith("-") and
+                not any(c.isspace() for c in text) and (not at or _USER.fullmatch(user))):
             raise ConfigurationError(f"{text!r} is not an SSH address: give [USER@]HOST[:PORT], "
                                      "e.g. me@10.0.0.2 or 10.0.0.2:2222")
         return cls(index, user, host, port)
@@ -109,18 +118,44 @@ class Plan:
             flags.append("--insecure")
         if self.explicit_places:
             flags += ["--worker-id", str(host.index), "--peers",
-                      ",".join(join_host_port(h.host, self.port) for h in self.hosts)]
+                      ",".join(join_host_port(ip, self.port) for ip in peer_ips(self.hosts))]
         return flags + list(self.agent_flags)
 
     def ssh(self, host: SshHost, command: str) -> list[str]:
         return ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=15",
                 "-o", "StrictHostKeyChecking=accept-new", "-o", "ServerAliveInterval=15",
                 "-o", "LogLevel=ERROR",
-                "-p", str(host.ssh_port), *self.ssh_args, host.target, command]
+                "-p", str(host.ssh_port), *self.ssh_args, "--", host.target, command]
 
 
-def hosts_of(targets: Sequence[str], user: str = "") -> tuple[list[SshHost], bool]:
-    """(the hosts, whether they came from a ``tpu://`` reference)."""
+def peer_ips(hosts: Sequence[SshHost]) -> list[str]:
+    """The hosts' addresses as their peers reach them: names resolved here
+    (an ssh_config alias means nothing on the hosts: give addresses), and
+    never a loopback address for a slice of several hosts."""
+    out = []
+    for h in hosts:
+        try:
+            ip = socket.getaddrinfo(h.host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+        except OSError:
+            raise ConfigurationError(
+                f"{h.host!r} does not resolve here, so its peers could not reach it by that "
+                "name (an ssh_config alias?): give the hosts' addresses") from None
+        if len(hosts) > 1 and ipaddress.ip_address(ip).is_loopback:
+            raise ConfigurationError(
+                f"{h.target} is a loopback address ({ip}): the other hosts cannot reach it "
+                "there (a port forward?); give each host's own address")
+        out.append(ip)
+    return out
+
+
+def hosts_of(targets: Sequence[str], user: str = "",
+             internal_ip: bool = False) -> tuple[list[SshHost], bool]:
+    """(the hosts, whether they came from a ``tpu://`` reference: reached at
+    their external IPs where they have them, as gcloud does, unless
+    ``internal_ip``)."""
+    if user and not _USER.fullmatch(user):
+        raise ConfigurationError(f"--user {user!r} is not a user name (letters, digits, "
+                                 "'.', '_', '-')")
     if not targets:
         raise ConfigurationError("which hosts? give their SSH addresses in worker order "
                                  "(me@10.0.0.2 me@10.0.0.3 ...), or tpu://NAME?zone=ZONE")
@@ -130,8 +165,8 @@ def hosts_of(targets: Sequence[str], user: str = "") -> tuple[list[SshHost], boo
                                      "not both")
         from ._cloud import workers
         ref = TpuRef.parse(targets[0])
-        ips, _ = workers(ref)
-        name = user or getpass.getuser()
+        ips, _ = workers(ref, prefer_external=not internal_ip)
+        name = user or getpass.getuser().lower()
         return [SshHost(i, name, ip, 22) for i, ip in enumerate(ips)], True
     hosts = [SshHost.parse(i, t) for i, t in enumerate(targets)]
     if user:
@@ -144,15 +179,15 @@ def hosts_of(targets: Sequence[str], user: str = "") -> tuple[list[SshHost], boo
 
 
 def slice_token(path: str = "") -> tuple[str, str]:
-    """(the token, a note when one was made): ``path``, $REMOTE_TPU_TOKEN, or
-    the default token file, made when there is none."""
+    """(the token, a note when one was made): ``path``, else the one this
+    client sends ($REMOTE_TPU_TOKEN, $REMOTE_TPU_TOKEN_FILE, the default token
+    file), else a new default token file."""
     if path:
         return read_token_file(path), ""
-    if os.environ.get(TOKEN_ENV):
-        return os.environ[TOKEN_ENV].strip(), ""
+    token = client_token(None)
+    if token:
+        return token, ""
     path = default_token_file()
-    if os.path.exists(path):
-        return read_token_file(path), ""
     write_token_file(path, new_token())
     return read_token_file(path), f"made a new slice token in {path} (mode 0600)"
 
@@ -171,8 +206,10 @@ def setup(plan: Plan, token: str, say: Callable[[str], None] = print) -> list[Ho
         want = f"{versions['remote_tpu']} {digest[:16]} jax={versions['jax']} " \
                f"jaxlib={versions['jaxlib']}"
         results = [HostResult(h) for h in plan.hosts]
+        at_once = threading.BoundedSemaphore(_AT_ONCE)
         threads = [threading.Thread(target=_one_host, daemon=True,
-                                    args=(plan, r, payload, say, _host_setup.remote_command(
+                                    args=(plan, r, payload, say, at_once,
+                                          _host_setup.remote_command(
                                         plan.directory, minor, want, plan.pip_index,
                                         versions["jax"], versions["jaxlib"], plan.port,
                                         os.path.basename(wheel), plan.flags_for(r.host))))
@@ -185,40 +222,47 @@ def setup(plan: Plan, token: str, say: Callable[[str], None] = print) -> list[Ho
         except KeyboardInterrupt:
             for r in results:
                 if r.proc is not None and r.proc.poll() is None:
-                    r.proc.terminate()      # (its host's script ends with the connection)
+                    r.proc.terminate()
             unfinished = [str(r.host.index) for r in results if not r.ok]
             say(f"setup interrupted: host(s) {', '.join(unfinished) or 'none'} may be half "
-                "set up (an unfinished install is redone next time); run setup again")
+                "set up (a script already running there finishes its step; whatever did not "
+                "finish is done again next time); run setup again")
             raise
     return results
 
 
 def _one_host(plan: Plan, result: HostResult, payload: bytes, say: Callable[[str], None],
-              command: str) -> None:
+              at_once: threading.BoundedSemaphore, command: str) -> None:
     name = result.host.name()
-    try:
-        proc = result.proc = subprocess.Popen(
-            plan.ssh(result.host, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT)
-    except OSError as exc:
-        result.summary = f"could not run ssh: {exc.strerror}"
-        return
-    feeder = threading.Thread(target=_feed, args=(proc, payload), daemon=True)
-    feeder.start()
-    for raw in proc.stdout:
-        line = raw.decode(errors="replace").rstrip()
-        if line.startswith("@@done "):
-            result.ok, result.summary = True, line[7:]
-        elif line.startswith("@@failed "):
-            result.summary = line[9:]
-        elif line.startswith("@@ "):
-            say(f"{name}: {line[3:]}")
-        elif line:
-            result.tail.append(line)
-    code = proc.wait()
-    feeder.join()
+    with at_once:
+        try:
+            proc = result.proc = subprocess.Popen(
+                plan.ssh(result.host, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT)
+        except OSError as exc:
+            result.summary = f"could not run ssh: {exc.strerror}"
+            return
+        feeder = threading.Thread(target=_feed, args=(proc, payload), daemon=True)
+        feeder.start()
+        while raw := proc.stdout.readline(_LINE_BYTES):
+            line = raw.decode(errors="replace").rstrip()
+            if len(raw) == _LINE_BYTES and not raw.endswith(b"\n"):
+                line += " [cut: the line goes on]"
+                while (more := proc.stdout.readline(_LINE_BYTES)) and not more.endswith(b"\n"):
+                    pass
+            if line.startswith("@@done "):
+                result.ok, result.summary = True, line[7:]
+            elif line.startswith("@@failed "):
+                result.summary = line[9:]
+            elif line.startswith("@@ "):
+                say(f"{name}: {line[3:]}")
+            elif line:
+                result.tail.append(line)
+        code = proc.wait()
+        feeder.join()
     if code != 0 and result.ok:
         result.ok = False
+        result.summary = f"ssh ended with status {code} after the host said: {result.summary}"
     if not result.ok and not result.summary:
         result.summary = _ssh_failure(code, result)
     say(f"{name}: {'ready: ' if result.ok else 'FAILED: '}{result.summary}")
@@ -235,10 +279,15 @@ def _feed(proc: subprocess.Popen, payload: bytes) -> None:
 def _ssh_failure(code: int, result: HostResult) -> str:
     text = "\n".join(result.tail)
     if code == 255 and "Permission denied" in text:
-        return ("ssh was refused (Permission denied): the host does not know your key. "
+        return (f"ssh was refused as {result.host.target} (Permission denied): the host does "
+                "not know your key for that user. "
                 "For a TPU VM, `gcloud compute tpus tpu-vm ssh NAME --zone ZONE --worker=all "
                 "--command true` once puts gcloud's key on every worker; else give your key "
                 "with --identity-file")
+    if code == 255 and "IDENTIFICATION HAS CHANGED" in text:
+        return ("the host's SSH key is not the one your known_hosts has for this address "
+                "(a new VM at an old address?): remove the old entry "
+                f"(ssh-keygen -R {result.host.host}) and run setup again")
     if code == 255:
         return "ssh could not reach the host (exit 255)"
     return f"the setup script ended with exit status {code}"
@@ -268,41 +317,62 @@ def report(results: Sequence[HostResult]) -> str:
 def doctor_text(plan: Plan, token: str) -> tuple[str, bool]:
     """The doctor's table for the slice, asked from here; where this machine
     cannot reach the agents' port, asked on host 0 over SSH. (text, all ready)."""
-    from ._doctor import doctor, format_table
+    from ._doctor import doctor_if_reachable, format_table
 
     host = plan.hosts[0]
-    try:
-        rows, problems = doctor([join_host_port(host.host, plan.port)], token=token)
-        reached = not (len(rows) == 1 and "unreachable" in " ".join(rows[0]).lower())
-    except RemoteTPUError:
-        rows, problems, reached = [], [], False
-    if reached:
+    asked = doctor_if_reachable([join_host_port(host.host, plan.port)], token=token)
+    if asked is not None:
+        rows, problems = asked
         text = format_table(rows)
         if problems:
             text += "\n\nproblems:\n" + "\n".join(f"- {p}" for p in problems)
         return text, not problems
-    venv = plan.directory.rstrip("/") + "/venv/bin/remote-tpu"
-    if venv.startswith("~/"):
-        venv = "$HOME/" + venv[2:]
-    command = f"{venv} doctor 127.0.0.1:{plan.port}"
-    done = subprocess.run(plan.ssh(host, command), capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+    where = plan.directory.rstrip("/") or "/"
+    where = ('"$HOME"' + shlex.quote(where[1:]) if where.startswith("~/") or where == "~"
+             else shlex.quote(where))
+    command = f"{where}/venv/bin/remote-tpu doctor 127.0.0.1:{plan.port}"
+    tunnel = (f"reach the slice through a tunnel, e.g. `ssh -N -L {plan.port}:localhost:"
+              f"{plan.port} {host.target}` and hosts='localhost:{plan.port}'")
+    try:
+        done = subprocess.run(plan.ssh(host, command), capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        return (f"(this machine cannot reach port {plan.port} of {host.host}, and the doctor "
+                f"on host 0 did not answer: {exc}); {tunnel}"), False
     text = (f"(this machine cannot reach port {plan.port} of {host.host}: the doctor ran on "
-            f"host 0; reach the slice through a tunnel, e.g. `ssh -N -L "
-            f"{plan.port}:localhost:{plan.port} {host.target}` and hosts='localhost:"
-            f"{plan.port}')\n" + (done.stdout + done.stderr).strip())
+            f"host 0; {tunnel})\n" + (done.stdout + done.stderr).strip())
     return text, done.returncode == 0
+
+
+def _agent_flags(agent_args: str) -> tuple[str, ...]:
+    """``--agent-args``, split, refusing the flags setup gives itself (or any
+    abbreviation of one, which the agent's parser would take for it)."""
+    try:
+        flags = tuple(shlex.split(agent_args))
+    except ValueError as exc:
+        raise ConfigurationError(f"--agent-args {agent_args!r}: {exc}") from None
+    for flag in flags:
+        name = flag.partition("=")[0]
+        taken = [own for own in _OWN_FLAGS if name.startswith("--") and len(name) > 2
+                 and own.startswith(name)]
+        if taken:
+            raise ConfigurationError(
+                f"--agent-args: {name} is (or abbreviates) {taken[0]}, which setup gives the "
+                "agents itself (setup's own --agent-port sets the port)")
+    return flags
 
 
 def main(targets: Sequence[str], *, user: str = "", identity_file: str = "",
          ssh_options: Sequence[str] = (), port: int = DEFAULT_AGENT_PORT,
          directory: str = DEFAULT_DIR, pip_index: str = "", agent_args: str = "",
-         token_file: str = "", say: Callable[[str], None] = print) -> list[str]:
+         token_file: str = "", internal_ip: bool = False,
+         say: Callable[[str], None] = print) -> list[str]:
     """``remote-tpu setup``: every host ready and its agent started, the
     doctor's table printed. Returns the agents' addresses (worker order)."""
     if not 0 < port < 65536:
-        raise ConfigurationError(f"--port {port}: give the agents' port, 1-65535")
-    hosts, from_api = hosts_of(targets, user)
+        raise ConfigurationError(f"--agent-port {port}: give the agents' port, 1-65535")
+    flags = _agent_flags(agent_args)
+    hosts, from_api = hosts_of(targets, user, internal_ip)
     ssh_args = []
     key = identity_file or (os.path.expanduser(_GCLOUD_KEY) if from_api else "")
     if key and not os.path.exists(os.path.expanduser(key)):
@@ -313,14 +383,6 @@ def main(targets: Sequence[str], *, user: str = "", identity_file: str = "",
         ssh_args += ["-i", os.path.expanduser(key)]
     for option in ssh_options:
         ssh_args += ["-o", option]
-    try:
-        flags = tuple(shlex.split(agent_args))
-    except ValueError as exc:
-        raise ConfigurationError(f"--agent-args {agent_args!r}: {exc}") from None
-    for taken in ("--port", "--worker-id", "--peers", "--host", "--token-file"):
-        if any(f == taken or f.startswith(taken + "=") for f in flags):
-            raise ConfigurationError(f"--agent-args: setup gives the agents {taken} itself "
-                                     "(use setup's --port for the port)")
     plan = Plan(tuple(hosts), port, tuple(ssh_args), directory, pip_index, flags,
                 explicit_places=not from_api)
     token, note = slice_token(token_file)

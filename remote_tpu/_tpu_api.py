@@ -31,7 +31,7 @@ from ._core.topology import Topology
 DEFAULT_RUNTIME = {"v2": "tpu-ubuntu2204-base", "v3": "tpu-ubuntu2204-base",
                    "v4": "tpu-ubuntu2204-base", "v5litepod": "v2-alpha-tpuv5-lite",
                    "v5p": "v2-alpha-tpuv5", "v6e": "v2-alpha-tpuv6e"}
-POLL_SECONDS = float(os.environ.get("REMOTE_TPU_UP_POLL_SECONDS", "10"))
+POLL_ENV = "REMOTE_TPU_UP_POLL_SECONDS"        # seconds between looks while up waits
 CLOUD_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 _WAITING = ("CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES", "PROVISIONING")
 
@@ -95,6 +95,18 @@ def node_spec(name: str, accelerator: str, runtime_version: str, num_slices: int
     return resource
 
 
+def _poll_seconds() -> float:
+    """Read at each look (not at import), so the variable set later counts."""
+    text = os.environ.get(POLL_ENV, "") or "10"
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ConfigurationError(f"${POLL_ENV}={text!r}: give seconds, e.g. 10") from None
+    if not 0 < seconds <= 3600:
+        raise ConfigurationError(f"${POLL_ENV}={text!r}: give seconds above 0, up to 3600")
+    return seconds
+
+
 def _state(resource) -> tuple[str, str]:
     """(state name, why it failed, if it did)."""
     state = resource.state.state.name
@@ -147,8 +159,8 @@ def _wait_active(client, path: str, delete: str, say: Callable[[str], None]) -> 
             resource = client.get_queued_resource(name=path)
             state, failed = _state(resource)
             if state != last:
+                last = state         # (before it is said: a Ctrl-C may come right after)
                 say(f"{name}: {state} after {time.monotonic() - started:.0f} s")
-                last = state
             if state == "ACTIVE":
                 return [i for spec in resource.tpu.node_spec for i in _node_ids(resource, spec)]
             if state == "FAILED":
@@ -157,7 +169,7 @@ def _wait_active(client, path: str, delete: str, say: Callable[[str], None]) -> 
             if state not in _WAITING:
                 raise RemoteTPUError(f"queued resource {name} is {state}, not on its way to "
                                      f"ACTIVE ({delete} removes it)")
-            time.sleep(POLL_SECONDS)
+            time.sleep(_poll_seconds())
     except KeyboardInterrupt:
         say(f"stopped waiting; queued resource {name} stays {last or 'requested'}: {delete} "
             "deletes it")

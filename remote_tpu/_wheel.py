@@ -4,7 +4,7 @@ unpublished version alike), so that every host runs what the client runs.
 
 A wheel is a zip file of the package's files and a ``.dist-info`` directory
 (PEP 427); the one made here is reproducible (sorted entries, fixed times), so
-its digest says whether a host already has it.
+the digest of its modules says whether a host already has it.
 """
 
 from __future__ import annotations
@@ -56,9 +56,13 @@ def write_wheel(directory: str, name: str, version: str, tag: str,
     return path
 
 
+_JUNK = (".pyc", ".pyo", "~", ".swp", ".orig", ".rej", ".bak")
+
+
 def client_wheel(directory: str) -> tuple[str, str]:
-    """(path, sha256) of a wheel, in ``directory``, of the remote-tpu this
-    client imports."""
+    """(path, digest) of a wheel, in ``directory``, of the remote-tpu this
+    client imports; the digest is of its modules' names and contents alone
+    (not of the zip's bytes or the metadata), so equal code is equal anywhere."""
     try:
         dist = importlib.metadata.distribution(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
@@ -71,9 +75,9 @@ def client_wheel(directory: str) -> tuple[str, str]:
         module = __import__(package)
         root = os.path.dirname(os.path.abspath(module.__file__))
         for here, dirs, names in os.walk(root):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
             for n in names:
-                if n.endswith((".pyc", ".pyo")):
+                if n.endswith(_JUNK) or n.startswith("."):    # editors' and OSes' files
                     continue
                 source = os.path.join(here, n)
                 files[f"{package}/{os.path.relpath(source, root)}".replace(os.sep, "/")] = source
@@ -88,5 +92,8 @@ def client_wheel(directory: str) -> tuple[str, str]:
     if entry_points:
         dist_info["entry_points.txt"] = entry_points.encode()
     path = write_wheel(directory, DISTRIBUTION, dist.version, "py3-none-any", files, dist_info)
-    with open(path, "rb") as f:
-        return path, hashlib.sha256(f.read()).hexdigest()
+    digest = hashlib.sha256()
+    for arc in sorted(files):
+        with open(files[arc], "rb") as f:
+            digest.update(f"{arc}\0".encode() + hashlib.sha256(f.read()).digest())
+    return path, digest.hexdigest()

@@ -19,7 +19,7 @@ _SKIPPED_INFO = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
 def closure(root: str = "remote-tpu") -> list[importlib.metadata.Distribution]:
     """Every distribution ``root`` needs to run (its own extras left out),
     ``root`` excluded."""
-    seen, todo, out = {_name(root)}, [(root, set())], []
+    seen, todo, out = {(_name(root), frozenset())}, [(root, set())], []
     while todo:
         name, extras = todo.pop()
         for text in importlib.metadata.requires(name) or []:
@@ -27,10 +27,12 @@ def closure(root: str = "remote-tpu") -> list[importlib.metadata.Distribution]:
             if req.marker and not any(req.marker.evaluate({"extra": e})
                                       for e in (extras or {""})):
                 continue
-            key = _name(req.name)
+            key = (_name(req.name), frozenset(req.extras))
+            if key in seen:
+                continue                          # (a cycle, or met before)
+            seen.add(key)
             todo.append((req.name, set(req.extras)))
-            if key not in seen:
-                seen.add(key)
+            if _name(req.name) not in {_name(d.metadata["Name"]) for d in out}:
                 out.append(importlib.metadata.distribution(req.name))
     return out
 

@@ -126,6 +126,15 @@ def test_setup_makes_every_vm_serve_a_call_names_a_failing_one_and_runs_again_as
     assert third.returncode == 0, third.stdout + third.stderr
     assert [_steps(third.stdout, i)[-1] for i in range(4)] == ["ready: unchanged"] * 4
 
+    # A run cut short after the install, before its agent listened, leaves no
+    # record of a started agent: the next run starts it, and only it.
+    os.remove(os.path.join(vms.home(2), ".local", "share", "remote-tpu", "agent.state"))
+    fourth = _cli(vms, "setup", *hosts)
+    assert fourth.returncode == 0, fourth.stdout + fourth.stderr
+    assert [_steps(fourth.stdout, i)[-1] for i in range(4)] == \
+        ["ready: unchanged", "ready: unchanged", "ready: started", "ready: unchanged"]
+    assert any(s.startswith("stopping the old agent (pid ") for s in _steps(fourth.stdout, 2))
+
 
 def test_up_creates_the_slice_sets_it_up_a_call_runs_and_down_deletes_it(vms, monkeypatch):
     api = CloudTpuStandIn(vms.ips, waits=1)

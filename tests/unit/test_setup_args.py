@@ -33,10 +33,29 @@ def test_ssh_addresses(text, parsed):
     ("host:0", "SSH port '0' is not a port"),
     ("host:65536", "SSH port '65536' is not a port"),
     ("host:ssh", "SSH port 'ssh' is not a port"),
+    ("[fd00::5]junk", "is not an SSH address"),
+    ("[fd00::5", "is not an SSH address"),
+    ("@host", "is not an SSH address"),
 ])
 def test_bad_ssh_addresses_are_refused_with_the_form_to_use(text, said):
     with pytest.raises(ConfigurationError, match=said):
         SshHost.parse(0, text)
+
+
+def test_peers_get_addresses_the_hosts_can_reach():
+    hosts = (SshHost(0, "", "localhost", 2222), SshHost(1, "", "localhost", 2223))
+    with pytest.raises(ConfigurationError, match=r"loopback address \(127.0.0.1\).*\(a port forward\?\)"):
+        _setup.peer_ips(hosts)
+    with pytest.raises(ConfigurationError, match=r"does not resolve here.*\(an ssh_config alias\?\)"):
+        _setup.peer_ips((SshHost(0, "", "no-such-host.invalid", 22),))
+    assert _setup.peer_ips((SshHost(0, "", "127.0.0.1", 22),)) == ["127.0.0.1"]  # one host
+
+
+def test_a_bad_user_never_becomes_an_ssh_option():
+    with pytest.raises(ConfigurationError, match="is not a user name"):
+        _setup.hosts_of(["10.0.0.2"], user="-oProxyCommand=touch /tmp/x")
+    plan = Plan((SshHost(0, "me", "10.0.0.2", 22),))
+    assert plan.ssh(plan.hosts[0], "true")[-3:] == ["--", "me@10.0.0.2", "true"]
 
 
 def test_hosts_are_named_once_in_worker_order_and_tpu_refs_alone():
@@ -51,9 +70,14 @@ def test_hosts_are_named_once_in_worker_order_and_tpu_refs_alone():
 
 
 @pytest.mark.parametrize("agent_args, said", [
-    ("--port 9000", "setup gives the agents --port itself"),
-    ("--peers=a,b", "setup gives the agents --peers itself"),
-    ("--token-file /x", "setup gives the agents --token-file itself"),
+    ("--port 9000", "--port is \\(or abbreviates\\) --port, which setup gives"),
+    ("--peers=a,b", "--peers is \\(or abbreviates\\) --peers"),
+    ("--token-file /x", "abbreviates\\) --token-file"),
+    ("--por 9000", "--por is \\(or abbreviates\\) --port"),     # argparse would take it
+    ("--tok /x", "abbreviates\\) --token-file"),
+    ("--ho 1.2.3.4", "abbreviates\\) --host"),
+    ("--us root", "abbreviates\\) --user"),                  # install-service's own
+    ("--dry-run", "abbreviates\\) --dry-run"),
     ('--log-level "INFO', "--agent-args"),
 ])
 def test_agent_flags_setup_owns_are_refused(agent_args, said):
@@ -63,7 +87,7 @@ def test_agent_flags_setup_owns_are_refused(agent_args, said):
 
 @pytest.mark.parametrize("port", [0, 65536, -1])
 def test_a_bad_agent_port_is_refused(port):
-    with pytest.raises(ConfigurationError, match=f"--port {port}"):
+    with pytest.raises(ConfigurationError, match=f"--agent-port {port}"):
         _setup.main(["10.0.0.2"], port=port)
 
 
@@ -81,6 +105,14 @@ def test_each_agent_gets_its_place_and_tls_replaces_insecure():
                explicit_places=False)
     assert tls.flags_for(hosts[0]) == ["--host", "0.0.0.0", "--tls-cert", "c", "--tls-key", "k"]
     assert tls.ssh(hosts[0], "true")[-2:] == ["10.0.0.2", "true"]
+
+
+def test_the_wheel_digest_is_of_the_modules_alone(tmp_path):
+    from remote_tpu._wheel import client_wheel
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (a, da), (b, db) = client_wheel(str(tmp_path / "a")), client_wheel(str(tmp_path / "b"))
+    assert da == db and open(a, "rb").read() == open(b, "rb").read()
 
 
 def test_the_report_names_each_failing_host_with_its_last_lines_and_who_is_ready():
