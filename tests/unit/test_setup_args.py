@@ -44,11 +44,14 @@ def test_bad_ssh_addresses_are_refused_with_the_form_to_use(text, said):
 
 def test_peers_get_addresses_the_hosts_can_reach():
     hosts = (SshHost(0, "", "localhost", 2222), SshHost(1, "", "localhost", 2223))
-    with pytest.raises(ConfigurationError, match=r"loopback address \(127.0.0.1\).*\(a port forward\?\)"):
+    with pytest.raises(ConfigurationError,
+                       match=r"loopback address \(127.0.0.1\).*\(a port forward\?\)"):
         _setup.peer_ips(hosts)
-    with pytest.raises(ConfigurationError, match=r"does not resolve here.*\(an ssh_config alias\?\)"):
+    with pytest.raises(ConfigurationError,
+                       match=r"does not resolve here.*\(an ssh_config alias\?\)"):
         _setup.peer_ips((SshHost(0, "", "no-such-host.invalid", 22),))
-    assert _setup.peer_ips((SshHost(0, "", "127.0.0.1", 22),)) == ["127.0.0.1"]  # one host
+    one = (SshHost(0, "", "127.0.0.1", 22),)
+    assert _setup.peer_ips(one) == ["127.0.0.1"]          # one host: loopback is fine
 
 
 def test_a_bad_user_never_becomes_an_ssh_option():
