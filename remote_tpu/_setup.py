@@ -23,6 +23,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from . import _host_setup
@@ -389,10 +390,12 @@ def main(targets: Sequence[str], *, user: str = "", identity_file: str = "",
     if note:
         say(note)
     say(f"setting up {len(hosts)} host(s): {', '.join(h.target for h in hosts)}")
+    started = time.monotonic()
     results = setup(plan, token, say)
     failure = report(results)
     if failure:
         raise SetupError(failure)
+    say(f"{len(hosts)} host(s) ready in {time.monotonic() - started:.1f} s")
     text, ready = doctor_text(plan, token)
     say(text)
     addresses = [join_host_port(h.host, port) for h in hosts]

@@ -94,6 +94,7 @@ def test_setup_makes_every_vm_serve_a_call_names_a_failing_one_and_runs_again_as
     table = second.stdout[second.stdout.index("HOST  ADDRESS"):]
     assert len(re.findall(r"^\d\s+10\.254\.\d+\.\d+:8475\s+yes\s+0\.1\.0", table, re.M)) == 4
     assert f"ready: hosts='{vms.ips[0]}:8475'" in second.stdout
+    assert re.search(r"^4 host\(s\) ready in \d+\.\d s$", second.stdout, re.M)
 
     @remote_tpu.run(accelerator="tpu-v4-32", hosts=f"{vms.ips[0]}:8475", token=vms.token)
     def everywhere():
