@@ -63,8 +63,9 @@ def _setup_flags(p: argparse.ArgumentParser) -> None:
                    help="for tpu://, reach the workers at their internal IPs (from inside "
                         "the VPC; default: external where they have one, as gcloud does)")
     p.add_argument("--token-file", default="", metavar="PATH",
-                   help="the slice token to give the agents (default: "
-                        "$REMOTE_TPU_TOKEN, else ~/.config/remote_tpu/token, made if missing)")
+                   help="the slice token to give the agents (default: the one this "
+                        "client sends: $REMOTE_TPU_TOKEN, $REMOTE_TPU_TOKEN_FILE or "
+                        "~/.config/remote_tpu/token, made if none)")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
